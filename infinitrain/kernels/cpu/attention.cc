@@ -1,0 +1,306 @@
+// Attention kernels.
+//   rope(x [B, T, H, D], cos [T, D/2], sin [T, D/2], inverse): rotates each pair (x[..., 2i], x[..., 2i+1]) of
+//     position t by angle[t, i]: out0 = x0 * cos - x1 * sin, out1 = x0 * sin + x1 * cos (sin negated when inverse,
+//     which is also rope's backward).
+//   sdpa(q [B, Hq, T, D], k [B, Hkv, S, D], v [B, Hkv, S, D], causal, scale) -> out [B, Hq, T, D], lse [B, Hq, T]:
+//     per (b, h), with kv head g = h / (Hq / Hkv) (grouped-query attention):
+//     scores = q k^T * scale [T, S], key s > query t masked when causal; lse = log sum exp(scores) per row;
+//     P = exp(scores - lse); out = P v. lse is float32, or float64 for float64 inputs.
+//   sdpa_backward(grad, q, k, v, out, lse) -> dq, dk, dv: recomputes P from lse, then
+//     dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dO * out)), dq = dS k * scale, dk = dS^T q * scale;
+//     dk, dv sum over the query heads that share a kv head.
+// The [T, S] products run on OpenBLAS in float32 (float64 for float64 inputs); bfloat16 heads are widened to
+// float32 scratch. Work splits over (b, h) forward and over (b, kv head) backward, so each thread owns the dk, dv
+// it accumulates; OpenBLAS runs single-threaded inside those parallel loops.
+#include <cblas.h>
+
+#include <climits>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "infinitrain/kernels/cpu/common.h"
+
+namespace infinitrain::cpu {
+namespace {
+
+// ---- rope -------------------------------------------------------------------
+
+void RopeKernel(KernelContext& ctx) {
+    const Tensor &x = ctx.in[0], &cos_t = ctx.in[1], &sin_t = ctx.in[2];
+    const Tensor& out = ctx.out[0];
+    double sign = ctx.i(0) ? -1.0 : 1.0;
+    int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+    if (x.numel() == 0) return;
+    DispatchFloat(x.dtype(), "rope", [&](auto tag) {
+        using T_ = decltype(tag);
+        using S = Acc<T_>;
+        const T_* xp = x.data<T_>();
+        T_* yp = out.data<T_>();
+        const S *cp = cos_t.data<S>(), *sp = sin_t.data<S>();
+        ParallelFor(B * T * H, D * 4, [&](int64_t b, int64_t e) {
+            for (int64_t row = b; row < e; ++row) {
+                int64_t t = (row / H) % T;
+                const T_* xr = xp + row * D;
+                T_* yr = yp + row * D;
+                for (int64_t i = 0; i < half; ++i) {
+                    // Products in double are exact for float32 inputs: one rounding per output.
+                    double c = cp[t * half + i], s = sign * sp[t * half + i];
+                    double x0 = Load(xr + 2 * i), x1 = Load(xr + 2 * i + 1);
+                    Store(yr + 2 * i, x0 * c - x1 * s);
+                    Store(yr + 2 * i + 1, x0 * s + x1 * c);
+                }
+            }
+        });
+    });
+}
+
+// ---- sdpa -------------------------------------------------------------------
+
+// C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major, contiguous operands; handles the empty cases BLAS rejects.
+template <typename C>
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a, const C* b, C beta, C* c) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        for (int64_t i = 0; i < m * n; ++i) c[i] = beta == C(0) ? C(0) : beta * c[i];
+        return;
+    }
+    int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n), ldc = static_cast<int>(n);
+    CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
+    if constexpr (std::is_same_v<C, float>) {
+        cblas_sgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, lda,
+                    b, ldb, beta, c, ldc);
+    } else {
+        cblas_dgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, lda,
+                    b, ldb, beta, c, ldc);
+    }
+}
+
+// While alive, OpenBLAS runs single-threaded so that OpenMP threads can each call it without nesting thread pools.
+class BlasSingleThread {
+public:
+    BlasSingleThread() : saved_(openblas_get_num_threads()) {
+        if (saved_ != 1) openblas_set_num_threads(1);
+    }
+    ~BlasSingleThread() {
+        if (saved_ != 1) openblas_set_num_threads(saved_);
+    }
+
+private:
+    int saved_;
+};
+
+// Runs fn(item) for item in [0, n): across OpenMP threads (OpenBLAS single-threaded) when there is an item per
+// thread, else serially with OpenBLAS threading each product.
+template <typename F>
+void ForEachHead(int64_t n, int64_t work_per_item, F&& fn) {
+    int64_t nt = omp_get_max_threads();
+    if (nt == 1 || n < nt || n * work_per_item < (1 << 16)) {
+        for (int64_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    BlasSingleThread single;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) fn(i);
+}
+
+// A [rows, D] block in the compute type: the tensor's memory itself for float32/float64, a widened copy for bf16.
+template <typename T, typename C>
+const C* Widen(const T* p, int64_t n, std::vector<C>& buf) {
+    if constexpr (std::is_same_v<T, C>) {
+        return p;
+    } else {
+        buf.resize(n);
+        for (int64_t i = 0; i < n; ++i) buf[i] = Load(p + i);
+        return buf.data();
+    }
+}
+
+template <typename T, typename C>
+void StoreBlock(T* dst, const C* src, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) Store(dst + i, src[i]);
+}
+
+struct SdpaDims {
+    int64_t B, Hq, Hkv, T, S, D;
+};
+
+SdpaDims GetDims(const Tensor& q, const Tensor& k) {
+    return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
+}
+
+void CheckBlas(const char* op, const SdpaDims& d) {
+    for (int64_t v : {d.T, d.S, d.D}) {
+        if (v > INT_MAX) OpError(op, "length " + std::to_string(v) + " exceeds the BLAS limit");
+    }
+}
+
+// Scores of one head into sc [T, S]: q k^T * scale. Masked entries are left as computed; callers skip them.
+template <typename C>
+void Scores(const SdpaDims& d, const C* q, const C* k, C scale, C* sc) {
+    Gemm<C>(false, true, d.T, d.S, d.D, scale, q, k, C(0), sc);
+}
+
+template <typename T>
+void SdpaForward(KernelContext& ctx) {
+    using C = Acc<T>;
+    const Tensor &q = ctx.in[0], &k = ctx.in[1], &v = ctx.in[2];
+    const Tensor &out = ctx.out[0], &lse_t = ctx.out[1];
+    bool causal = ctx.i(0) != 0;
+    C scale = static_cast<C>(ctx.f(1));
+    SdpaDims d = GetDims(q, k);
+    int64_t group = d.Hq / d.Hkv;
+    const T *qp = q.data<T>(), *kp = k.data<T>(), *vp = v.data<T>();
+    T* op = out.data<T>();
+    C* lp = lse_t.data<C>();
+    ForEachHead(d.B * d.Hq, d.T * d.S * d.D * 4, [&](int64_t bh) {
+        int64_t b = bh / d.Hq, h = bh % d.Hq, kvh = b * d.Hkv + h / group;
+        const T* qh = qp + bh * d.T * d.D;
+        T* oh = op + bh * d.T * d.D;
+        C* lh = lp + bh * d.T;
+        if (d.S == 0) {  // nothing to attend to: zero output, lse = log(0)
+            for (int64_t i = 0; i < d.T * d.D; ++i) Store(oh + i, C(0));
+            for (int64_t t = 0; t < d.T; ++t) lh[t] = -INFINITY;
+            return;
+        }
+        std::vector<C> qb, kb, vb, ob, sc(d.T * d.S);
+        const C* qc = Widen(qh, d.T * d.D, qb);
+        const C* kc = Widen(kp + kvh * d.S * d.D, d.S * d.D, kb);
+        const C* vc = Widen(vp + kvh * d.S * d.D, d.S * d.D, vb);
+        Scores<C>(d, qc, kc, scale, sc.data());
+        for (int64_t t = 0; t < d.T; ++t) {
+            C* row = sc.data() + t * d.S;
+            int64_t n = causal ? t + 1 : d.S;
+            C mx = -INFINITY;
+            for (int64_t s = 0; s < n; ++s) mx = std::fmax(mx, row[s]);
+            double sum = 0;  // the denominator accumulates in double
+            for (int64_t s = 0; s < n; ++s) {
+                row[s] = std::exp(row[s] - mx);
+                sum += row[s];
+            }
+            C inv = static_cast<C>(1.0 / sum);
+            for (int64_t s = 0; s < n; ++s) row[s] *= inv;
+            for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
+            lh[t] = static_cast<C>(mx + std::log(sum));
+        }
+        if constexpr (std::is_same_v<T, C>) {
+            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc.data(), vc, C(0), oh);
+        } else {
+            ob.resize(d.T * d.D);
+            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc.data(), vc, C(0), ob.data());
+            StoreBlock(oh, ob.data(), d.T * d.D);
+        }
+    });
+}
+
+void SdpaKernel(KernelContext& ctx) {
+    CheckBlas("sdpa", GetDims(ctx.in[0], ctx.in[1]));
+    DispatchFloat(ctx.in[0].dtype(), "sdpa", [&](auto tag) { SdpaForward<decltype(tag)>(ctx); });
+}
+
+// The backward meta only checks grad against q; check everything else here before touching memory.
+void CheckBackwardInputs(const std::vector<Tensor>& in, bool causal) {
+    const char* op = "sdpa_backward";
+    const Tensor &g = in[0], &q = in[1], &k = in[2], &v = in[3], &o = in[4], &lse = in[5];
+    for (int i = 1; i < 5; ++i) {
+        if (in[i].dtype() != q.dtype()) {
+            OpError(op, std::string("grad, q, k, v and out must share a dtype, got ") + DataTypeName(q.dtype()) +
+                            " and " + DataTypeName(in[i].dtype()));
+        }
+    }
+    if (q.dtype() != DataType::kFloat32 && q.dtype() != DataType::kBFloat16 && q.dtype() != DataType::kFloat64) {
+        OpError(op, std::string("q must be float32, bfloat16 or float64, got ") + DataTypeName(q.dtype()));
+    }
+    if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) {
+        OpError(op, "q, k and v must be 4-d, got " + ShapeToString(q.shape()) + ", " + ShapeToString(k.shape()) +
+                        " and " + ShapeToString(v.shape()));
+    }
+    if (k.shape() != v.shape() || q.size(0) != k.size(0) || q.size(3) != k.size(3) || k.size(1) == 0 ||
+        q.size(1) % k.size(1) != 0) {
+        OpError(op, "q " + ShapeToString(q.shape()) + ", k " + ShapeToString(k.shape()) + " and v " +
+                        ShapeToString(v.shape()) +
+                        " must share batch and head dim, with q heads a multiple of k heads and k, v equal");
+    }
+    if (causal && q.size(2) != k.size(2)) OpError(op, "causal attention needs equal query and key lengths");
+    if (o.shape() != q.shape()) {
+        OpError(op, "out must have q's shape " + ShapeToString(q.shape()) + ", got " + ShapeToString(o.shape()));
+    }
+    (void)g;
+    DataType st = q.dtype() == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32;
+    Shape ls{q.size(0), q.size(1), q.size(2)};
+    if (lse.dtype() != st || lse.shape() != ls) {
+        OpError(op, std::string("lse must be ") + DataTypeName(st) + ShapeToString(ls) + ", got " +
+                        DataTypeName(lse.dtype()) + ShapeToString(lse.shape()));
+    }
+}
+
+template <typename T>
+void SdpaBackward(KernelContext& ctx) {
+    using C = Acc<T>;
+    const Tensor &g = ctx.in[0], &q = ctx.in[1], &k = ctx.in[2], &v = ctx.in[3], &o = ctx.in[4], &lse_t = ctx.in[5];
+    const Tensor &dq = ctx.out[0], &dk = ctx.out[1], &dv = ctx.out[2];
+    bool causal = ctx.i(0) != 0;
+    C scale = static_cast<C>(ctx.f(1));
+    SdpaDims d = GetDims(q, k);
+    int64_t group = d.Hq / d.Hkv, td = d.T * d.D, sd = d.S * d.D;
+    const T *gp = g.data<T>(), *qp = q.data<T>(), *kp = k.data<T>(), *vp = v.data<T>(), *op = o.data<T>();
+    const C* lp = lse_t.data<C>();
+    T *dqp = dq.data<T>(), *dkp = dk.data<T>(), *dvp = dv.data<T>();
+    ForEachHead(d.B * d.Hkv, group * d.T * d.S * d.D * 8, [&](int64_t bg) {
+        int64_t b = bg / d.Hkv, gh = bg % d.Hkv;
+        std::vector<C> kb, vb, qb, gb, pb(d.T * d.S), dpb(d.T * d.S), dqb(td), dkb(sd, C(0)), dvb(sd, C(0));
+        const C* kc = Widen(kp + bg * sd, sd, kb);
+        const C* vc = Widen(vp + bg * sd, sd, vb);
+        C *P = pb.data(), *dP = dpb.data();
+        for (int64_t j = 0; j < group; ++j) {
+            int64_t bh = b * d.Hq + gh * group + j;
+            if (d.S == 0) {
+                for (int64_t i = 0; i < td; ++i) Store(dqp + bh * td + i, C(0));
+                continue;
+            }
+            const C* qc = Widen(qp + bh * td, td, qb);
+            const C* gc = Widen(gp + bh * td, td, gb);
+            const T* oh = op + bh * td;
+            const C* lh = lp + bh * d.T;
+            Scores<C>(d, qc, kc, scale, P);
+            for (int64_t t = 0; t < d.T; ++t) {
+                C* row = P + t * d.S;
+                int64_t n = causal ? t + 1 : d.S;
+                for (int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - lh[t]);
+                for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
+            }
+            Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb.data());  // dv += P^T dO
+            Gemm<C>(false, true, d.T, d.S, d.D, C(1), gc, vc, C(0), dP);         // dP = dO v^T
+            for (int64_t t = 0; t < d.T; ++t) {
+                double di = 0;  // rowsum(dO * out) in double
+                for (int64_t e = 0; e < d.D; ++e) di += static_cast<double>(gc[t * d.D + e]) * Load(oh + t * d.D + e);
+                C dc = static_cast<C>(di);
+                C *pr = P + t * d.S, *dr = dP + t * d.S;
+                for (int64_t s = 0; s < d.S; ++s) dr[s] = pr[s] * (dr[s] - dc);  // masked P is 0, so dS is too
+            }
+            Gemm<C>(true, false, d.S, d.D, d.T, scale, dP, qc, C(1), dkb.data());  // dk += dS^T q * scale
+            if constexpr (std::is_same_v<T, C>) {
+                Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqp + bh * td);  // dq = dS k * scale
+            } else {
+                Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqb.data());
+                StoreBlock(dqp + bh * td, dqb.data(), td);
+            }
+        }
+        StoreBlock(dkp + bg * sd, dkb.data(), sd);
+        StoreBlock(dvp + bg * sd, dvb.data(), sd);
+    });
+}
+
+void SdpaBackwardKernel(KernelContext& ctx) {
+    CheckBackwardInputs(ctx.in, ctx.i(0) != 0);
+    CheckBlas("sdpa_backward", GetDims(ctx.in[1], ctx.in[2]));
+    DispatchFloat(ctx.in[1].dtype(), "sdpa_backward", [&](auto tag) { SdpaBackward<decltype(tag)>(ctx); });
+}
+
+}  // namespace
+
+REGISTER_KERNEL(DeviceType::kCPU, "rope", RopeKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "sdpa", SdpaKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "sdpa_backward", SdpaBackwardKernel);
+
+}  // namespace infinitrain::cpu

@@ -1,0 +1,249 @@
+// Softmax and normalisation layers.
+//   softmax / log_softmax(x, dim) and their backwards view x as [outer, n, inner] with n = x.shape[dim]: each of the
+//   outer * inner columns (stride inner) is normalised independently.
+//     softmax_backward(out, grad):     dx = out * (grad - sum(grad * out))
+//     log_softmax_backward(out, grad): dx = grad - exp(out) * sum(grad)
+//   layernorm(x [R, C], weight [C], bias [C]): mean, rstd = 1 / sqrt(var + eps) per row (biased variance);
+//     out = (x - mean) * rstd * weight + bias. R = the product of x's leading dims.
+//     layernorm_backward: xhat = (x - mean) * rstd, dxhat = grad * weight,
+//     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dweight = sum_rows grad * xhat,
+//     dbias = sum_rows grad.
+//   rmsnorm(x [R, C], weight [C]): rstd = 1 / sqrt(mean(x^2) + eps); out = x * rstd * weight.
+//     rmsnorm_backward: dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), dweight = sum_rows grad * xhat.
+// Row statistics (mean, rstd) are float32, or float64 for float64 inputs; every reduction accumulates in double.
+// dweight / dbias sum over rows: each thread sums its rows into its own double buffer, the buffers are added at
+// the end, so the result has no races.
+#include <cmath>
+#include <vector>
+
+#include "infinitrain/kernels/cpu/common.h"
+
+namespace infinitrain::cpu {
+namespace {
+
+struct Layout {
+    int64_t outer, n, inner;
+};
+
+Layout SoftmaxLayout(const char* op, const Tensor& x, int64_t dim) {
+    int64_t d = NormalizeDim(op, dim, x.dim());
+    Layout l{1, x.shape()[d], 1};
+    for (int64_t i = 0; i < d; ++i) l.outer *= x.shape()[i];
+    for (int64_t i = d + 1; i < x.dim(); ++i) l.inner *= x.shape()[i];
+    return l;
+}
+
+template <bool kLog>
+void SoftmaxForward(KernelContext& ctx, const char* op) {
+    const Tensor& x = ctx.in[0];
+    const Tensor& out = ctx.out[0];
+    Layout l = SoftmaxLayout(op, x, ctx.i(0));
+    if (x.numel() == 0) return;
+    DispatchFloat(x.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        const T* xp = x.data<T>();
+        T* op_ = out.data<T>();
+        ParallelFor(l.outer * l.inner, l.n * 8, [&](int64_t b, int64_t e) {
+            for (int64_t col = b; col < e; ++col) {
+                int64_t base = (col / l.inner) * l.n * l.inner + col % l.inner, st = l.inner;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < l.n; ++j) mx = std::fmax(mx, static_cast<double>(Load(xp + base + j * st)));
+                double sum = 0;
+                for (int64_t j = 0; j < l.n; ++j) sum += std::exp(Load(xp + base + j * st) - mx);
+                if constexpr (kLog) {
+                    double shift = mx + std::log(sum);
+                    for (int64_t j = 0; j < l.n; ++j) Store(op_ + base + j * st, Load(xp + base + j * st) - shift);
+                } else {
+                    double inv = 1.0 / sum;
+                    for (int64_t j = 0; j < l.n; ++j) {
+                        Store(op_ + base + j * st, std::exp(Load(xp + base + j * st) - mx) * inv);
+                    }
+                }
+            }
+        });
+    });
+}
+
+template <bool kLog>
+void SoftmaxBackward(KernelContext& ctx, const char* op) {
+    const Tensor &y = ctx.in[0], &g = ctx.in[1];
+    const Tensor& dx = ctx.out[0];
+    Layout l = SoftmaxLayout(op, y, ctx.i(0));
+    if (y.numel() == 0) return;
+    DispatchFloat(y.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        const T *yp = y.data<T>(), *gp = g.data<T>();
+        T* dp = dx.data<T>();
+        ParallelFor(l.outer * l.inner, l.n * 4, [&](int64_t b, int64_t e) {
+            for (int64_t col = b; col < e; ++col) {
+                int64_t base = (col / l.inner) * l.n * l.inner + col % l.inner, st = l.inner;
+                double s = 0;
+                for (int64_t j = 0; j < l.n; ++j) {
+                    int64_t k = base + j * st;
+                    s += kLog ? static_cast<double>(Load(gp + k)) : static_cast<double>(Load(gp + k)) * Load(yp + k);
+                }
+                for (int64_t j = 0; j < l.n; ++j) {
+                    int64_t k = base + j * st;
+                    double yv = Load(yp + k), gv = Load(gp + k);
+                    Store(dp + k, kLog ? gv - std::exp(yv) * s : yv * (gv - s));
+                }
+            }
+        });
+    });
+}
+
+void SoftmaxKernel(KernelContext& ctx) { SoftmaxForward<false>(ctx, "softmax"); }
+void LogSoftmaxKernel(KernelContext& ctx) { SoftmaxForward<true>(ctx, "log_softmax"); }
+void SoftmaxBackwardKernel(KernelContext& ctx) { SoftmaxBackward<false>(ctx, "softmax_backward"); }
+void LogSoftmaxBackwardKernel(KernelContext& ctx) { SoftmaxBackward<true>(ctx, "log_softmax_backward"); }
+
+// ---- layernorm / rmsnorm --------------------------------------------------
+
+DataType StatDtype(DataType t) { return t == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32; }
+
+// The backward metas only check grad against x; the kernels check the rest before touching memory.
+void CheckParam(const char* op, const Tensor& x, const Tensor& p, const char* what) {
+    Shape c{x.dim() ? x.size(-1) : 0};
+    if (x.dim() < 1) OpError(op, "x must be at least 1-d");
+    if (p.dtype() != x.dtype() || p.shape() != c) {
+        OpError(op, std::string(what) + " must be " + DataTypeName(x.dtype()) + " with shape " + ShapeToString(c) +
+                        ", got " + DataTypeName(p.dtype()) + ShapeToString(p.shape()));
+    }
+}
+
+void CheckStat(const char* op, const Tensor& x, const Tensor& s, const char* what) {
+    Shape rows(x.shape().begin(), x.shape().end() - 1);
+    DataType st = StatDtype(x.dtype());
+    if (s.dtype() != st || s.shape() != rows) {
+        OpError(op, std::string(what) + " must be " + DataTypeName(st) + " with shape " + ShapeToString(rows) +
+                        ", got " + DataTypeName(s.dtype()) + ShapeToString(s.shape()));
+    }
+}
+
+// Per-thread double buffers of `width` row sums; Sum(k) adds column k of the threads' buffers in thread order.
+class RowSums {
+public:
+    explicit RowSums(int64_t width) : width_(width), buf_(static_cast<size_t>(omp_get_max_threads() * width), 0.0) {}
+    double* Mine() { return buf_.data() + omp_get_thread_num() * width_; }
+    double Sum(int64_t k) const {
+        double s = 0;
+        for (int64_t t = 0; t < omp_get_max_threads(); ++t) s += buf_[t * width_ + k];
+        return s;
+    }
+
+private:
+    int64_t width_;
+    std::vector<double> buf_;
+};
+
+template <bool kRms>
+void NormForward(KernelContext& ctx, const char* op) {
+    const Tensor &x = ctx.in[0], &w = ctx.in[1];
+    const Tensor* bias = kRms ? nullptr : &ctx.in[2];
+    double eps = ctx.f(0);
+    const Tensor& out = ctx.out[0];
+    const Tensor& mean_t = ctx.out[1];  // rstd for rmsnorm: only its size is used
+    const Tensor& rstd_t = ctx.out[kRms ? 1 : 2];
+    int64_t c = x.size(-1), rows = mean_t.numel();
+    if (rows == 0) return;
+    DispatchFloat(x.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        using S = Acc<T>;
+        const T *xp = x.data<T>(), *wp = w.data<T>(), *bp = bias ? bias->data<T>() : nullptr;
+        T* yp = out.data<T>();
+        S* mp = kRms ? nullptr : mean_t.data<S>();
+        S* rp = rstd_t.data<S>();
+        ParallelFor(rows, c * 8, [&](int64_t b, int64_t e) {
+            for (int64_t r = b; r < e; ++r) {
+                const T* xr = xp + r * c;
+                T* yr = yp + r * c;
+                double mean = 0, var = 0;
+                if (!kRms) {
+                    for (int64_t j = 0; j < c; ++j) mean += Load(xr + j);
+                    mean = c ? mean / c : 0.0;
+                }
+                for (int64_t j = 0; j < c; ++j) {
+                    double d = Load(xr + j) - mean;
+                    var += d * d;
+                }
+                var = c ? var / c : 0.0;
+                double rstd = 1.0 / std::sqrt(var + eps);
+                for (int64_t j = 0; j < c; ++j) {
+                    double v = (Load(xr + j) - mean) * rstd * Load(wp + j);
+                    if (!kRms) v += Load(bp + j);
+                    Store(yr + j, v);
+                }
+                if (!kRms) mp[r] = static_cast<S>(mean);
+                rp[r] = static_cast<S>(rstd);
+            }
+        });
+    });
+}
+
+// in: grad, x, weight, [mean,] rstd. out: dx, dweight, [dbias].
+template <bool kRms>
+void NormBackward(KernelContext& ctx, const char* op) {
+    const Tensor &g = ctx.in[0], &x = ctx.in[1], &w = ctx.in[2];
+    const Tensor* mean_t = kRms ? nullptr : &ctx.in[3];
+    const Tensor& rstd_t = ctx.in[kRms ? 3 : 4];
+    CheckParam(op, x, w, "weight");
+    if (mean_t) CheckStat(op, x, *mean_t, "mean");
+    CheckStat(op, x, rstd_t, "rstd");
+    const Tensor &dx = ctx.out[0], &dw = ctx.out[1];
+    const Tensor* db = kRms ? nullptr : &ctx.out[2];
+    int64_t c = x.size(-1), rows = rstd_t.numel();
+    DispatchFloat(x.dtype(), op, [&](auto tag) {
+        using T = decltype(tag);
+        using S = Acc<T>;
+        const T *gp = g.data<T>(), *xp = x.data<T>(), *wp = w.data<T>();
+        const S* mp = mean_t ? mean_t->data<S>() : nullptr;
+        const S* rp = rstd_t.data<S>();
+        T* dxp = dx.data<T>();
+        RowSums sums(2 * c);  // [dweight | dbias] per thread
+        ParallelFor(rows, c * 12, [&](int64_t b, int64_t e) {
+            double* dws = sums.Mine();
+            double* dbs = dws + c;
+            for (int64_t r = b; r < e; ++r) {
+                const T *gr = gp + r * c, *xr = xp + r * c;
+                double mean = mp ? static_cast<double>(mp[r]) : 0.0, rstd = rp[r];
+                double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat
+                for (int64_t j = 0; j < c; ++j) {
+                    double gv = Load(gr + j), xh = (Load(xr + j) - mean) * rstd, d = gv * Load(wp + j);
+                    sum_d += d;
+                    sum_dx += d * xh;
+                    dws[j] += gv * xh;
+                    dbs[j] += gv;
+                }
+                double mean_d = kRms ? 0.0 : sum_d / c, mean_dx = sum_dx / c;
+                for (int64_t j = 0; j < c; ++j) {
+                    double xh = (Load(xr + j) - mean) * rstd, d = Load(gr + j) * Load(wp + j);
+                    Store(dxp + r * c + j, rstd * (d - mean_d - xh * mean_dx));
+                }
+            }
+        });
+        T* dwp = dw.data<T>();
+        T* dbp = db ? db->data<T>() : nullptr;
+        for (int64_t j = 0; j < c; ++j) {
+            Store(dwp + j, sums.Sum(j));
+            if (dbp) Store(dbp + j, sums.Sum(c + j));
+        }
+    });
+}
+
+void LayerNormKernel(KernelContext& ctx) { NormForward<false>(ctx, "layernorm"); }
+void LayerNormBackwardKernel(KernelContext& ctx) { NormBackward<false>(ctx, "layernorm_backward"); }
+void RmsNormKernel(KernelContext& ctx) { NormForward<true>(ctx, "rmsnorm"); }
+void RmsNormBackwardKernel(KernelContext& ctx) { NormBackward<true>(ctx, "rmsnorm_backward"); }
+
+}  // namespace
+
+REGISTER_KERNEL(DeviceType::kCPU, "softmax", SoftmaxKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "softmax_backward", SoftmaxBackwardKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "log_softmax", LogSoftmaxKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "log_softmax_backward", LogSoftmaxBackwardKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "layernorm", LayerNormKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "layernorm_backward", LayerNormBackwardKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "rmsnorm", RmsNormKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "rmsnorm_backward", RmsNormBackwardKernel);
+
+}  // namespace infinitrain::cpu

@@ -1,0 +1,73 @@
+// Tensor: a dtype, a shape and a contiguous, row-major window into storage
+// owned by a device allocator. Every tensor is contiguous: reshape shares
+// storage, and permute/slice/transpose produce copies, so no kernel sees strides.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "infinitrain/device.h"
+#include "infinitrain/dtype.h"
+
+namespace infinitrain {
+
+using Shape = std::vector<int64_t>;
+
+class Storage {
+public:
+    Storage(size_t nbytes, Device device);  // allocates through the device's runtime
+    ~Storage();
+    Storage(const Storage&) = delete;
+    Storage& operator=(const Storage&) = delete;
+
+    void* data() const { return data_; }
+    size_t nbytes() const { return nbytes_; }
+    const Device& device() const { return device_; }
+
+private:
+    void* data_ = nullptr;
+    size_t nbytes_ = 0;
+    Device device_;
+};
+
+class Tensor {
+public:
+    Tensor() = default;
+    static Tensor Empty(const Shape& shape, DataType dtype, Device device);
+
+    bool defined() const { return static_cast<bool>(storage_); }
+    const Shape& shape() const { return shape_; }
+    int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+    int64_t size(int64_t d) const;  // negative d counts from the end
+    int64_t numel() const { return numel_; }
+    DataType dtype() const { return dtype_; }
+    const Device& device() const { return storage_->device(); }
+    size_t nbytes() const { return static_cast<size_t>(numel_) * DataTypeSize(dtype_); }
+    const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+    void* data() const { return static_cast<char*>(storage_->data()) + offset_; }
+    template <typename T>
+    T* data() const {
+        return static_cast<T*>(data());
+    }
+
+    // Same storage, new shape (one entry may be -1). Raises on a numel mismatch.
+    Tensor Reshape(const Shape& shape) const;
+    // Copy to another device (or the same one); synchronous for the caller.
+    Tensor To(const Device& device) const;
+    std::string ToString() const;  // "Tensor(float32[2, 3], cpu:0)"
+
+private:
+    std::shared_ptr<Storage> storage_;
+    Shape shape_;
+    int64_t numel_ = 0;
+    size_t offset_ = 0;
+    DataType dtype_ = DataType::kFloat32;
+};
+
+int64_t Numel(const Shape& shape);
+std::string ShapeToString(const Shape& shape);
+
+}  // namespace infinitrain

@@ -1,0 +1,64 @@
+"""infinitrain: train language models on any accelerator that plugs in as a provider.
+
+import infinitrain as it
+x = it.randn(4, 8, requires_grad=True)
+(x * x).sum().backward()
+"""
+
+from infinitrain import _C  # noqa: F401, I001  (the native core loads first)
+from infinitrain import amp, checkpoint, data, functional, models, nn, optim, random
+from infinitrain.autograd import enable_grad, is_grad_enabled, no_grad
+from infinitrain.functional import cat, stack, where
+from infinitrain.random import Generator, manual_seed
+from infinitrain.tensor import (
+    DTYPES,
+    Tensor,
+    arange,
+    empty,
+    from_numpy,
+    full,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    tensor,
+    zeros,
+    zeros_like,
+)
+
+__version__ = "0.1.0"
+
+bool_, uint8, int8, int32, int64 = "bool", "uint8", "int8", "int32", "int64"
+float16, bfloat16, float32, float64 = "float16", "bfloat16", "float32", "float64"
+
+__all__ = [
+    "DTYPES",
+    "Generator",
+    "Tensor",
+    "amp",
+    "checkpoint",
+    "data",
+    "models",
+    "random",
+    "arange",
+    "cat",
+    "empty",
+    "enable_grad",
+    "from_numpy",
+    "full",
+    "functional",
+    "is_grad_enabled",
+    "manual_seed",
+    "nn",
+    "no_grad",
+    "ones",
+    "ones_like",
+    "optim",
+    "rand",
+    "randn",
+    "stack",
+    "tensor",
+    "where",
+    "zeros",
+    "zeros_like",
+]

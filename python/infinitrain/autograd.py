@@ -1,0 +1,118 @@
+"""Reverse-mode autodiff, small enough to read at once.
+
+Every differentiable op result carries a Node: the backward function that maps
+the output's gradient to its inputs' gradients, and the inputs that need them.
+backward() walks the graph in reverse topological order, summing gradients
+that meet, running tensor hooks, and accumulating into leaves' .grad.
+"""
+
+import threading
+
+_state = threading.local()
+
+
+def is_grad_enabled():
+    return getattr(_state, "enabled", True)
+
+
+class _GradMode:
+    def __init__(self, enabled):
+        self.enabled = enabled
+
+    def __enter__(self):
+        self.prev = is_grad_enabled()
+        _state.enabled = self.enabled
+
+    def __exit__(self, *exc):
+        _state.enabled = self.prev
+
+    def __call__(self, fn):
+        def wrapper(*args, **kwargs):
+            with _GradMode(self.enabled):
+                return fn(*args, **kwargs)
+
+        wrapper.__name__ = getattr(fn, "__name__", "wrapper")
+        wrapper.__doc__ = getattr(fn, "__doc__", None)
+        return wrapper
+
+
+def no_grad():
+    """Context manager (and decorator) under which ops record no graph."""
+    return _GradMode(False)
+
+
+def enable_grad():
+    return _GradMode(True)
+
+
+class Node:
+    """One recorded op: backward(grad) returns one gradient (or None) per input."""
+
+    __slots__ = ("backward", "inputs", "name")
+
+    def __init__(self, backward, inputs, name):
+        self.backward = backward
+        self.inputs = inputs
+        self.name = name
+
+
+def _toposort(root):
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        if t._node is not None:
+            for p in t._node.inputs:
+                if p is not None and p.requires_grad and id(p) not in seen:
+                    stack.append((p, False))
+    return order[::-1]
+
+
+def backward(root, grad=None, retain_graph=False):
+    from infinitrain.tensor import ones_like
+
+    if not root.requires_grad:
+        raise RuntimeError("backward(): the tensor does not require grad (did you call it under no_grad?)")
+    if grad is None:
+        if root.numel() != 1:
+            raise RuntimeError(f"backward(): grad can be omitted only for a single-element tensor, got {root.shape}")
+        grad = ones_like(root)
+    elif grad.shape != root.shape:
+        raise ValueError(f"backward(): grad has shape {grad.shape}, expected {root.shape}")
+    grads = {id(root): grad}
+    with no_grad():
+        for t in _toposort(root):
+            g = grads.pop(id(t), None)
+            if g is None:
+                continue
+            for hook in t._hooks or ():
+                r = hook(g)
+                if r is not None:
+                    g = r
+            node = t._node
+            if node is None:
+                t._accumulate_grad(g)
+                continue
+            if t._retains_grad:
+                t._accumulate_grad(g)
+            in_grads = node.backward(g)
+            for p, pg in zip(node.inputs, in_grads, strict=True):
+                if p is None or pg is None or not p.requires_grad:
+                    continue
+                if pg.dtype != p.dtype:
+                    pg = pg.to(p.dtype)
+                prev = grads.get(id(p))
+                grads[id(p)] = pg if prev is None else prev + pg
+            if not retain_graph:
+                t._node = Node(_freed, node.inputs, node.name)
+
+
+def _freed(_):
+    raise RuntimeError("backward through a graph a second time: pass retain_graph=True to the first backward()")

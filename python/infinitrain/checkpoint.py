@@ -1,0 +1,337 @@
+"""Checkpoint files: crash-safe writes, a checksummed tensor container, and llm.c model files.
+
+Pure NumPy + stdlib so it imports without the C++ extension.
+
+Container layout (all integers little-endian):
+    0   b"INFTCKPT"
+    8   uint32 format version (1)
+    12  uint32 reserved (0)
+    16  uint64 JSON header length H
+    24  uint64 data section length D
+    32  JSON header (utf-8): {"meta": ..., "tensors": [{"name", "dtype", "shape", "offset", "nbytes"}, ...]}
+        zero padding up to a multiple of 64: the data section starts there (offsets are relative to it,
+        each a multiple of 64)
+    ... D bytes of tensor data
+    ... 32-byte SHA-256 of every byte before it
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+
+import numpy as np
+
+MAGIC = b"INFTCKPT"
+VERSION = 1
+ALIGN = 64
+_PREFIX = struct.Struct("<8sIIQQ")
+_DIGEST_BYTES = 32
+
+# numpy dtype strings allowed in the container; uint16 carries bf16 bit patterns.
+SUPPORTED_DTYPES = ("<f4", "<f8", "<i8", "<i4", "<u2", "|u1", "|b1")
+
+# llm.c model files.
+LLMC_HEADER_WORDS = 256
+LLMC_HEADER_BYTES = LLMC_HEADER_WORDS * 4
+LLMC_MAGIC_GPT2 = 20240326
+LLMC_MAGIC_LLAMA3 = 20240803
+LLMC_VERSION_FP32 = 3
+LLMC_VERSION_BF16 = 5
+_LLMC_MAGIC_NAMES = {LLMC_MAGIC_GPT2: "GPT-2", LLMC_MAGIC_LLAMA3: "LLaMA 3"}
+
+
+def atomic_write(path: str | os.PathLike, write_fn: Callable) -> None:
+    """Calls write_fn(binary file) on a temp file beside `path`, then fsyncs and renames it over `path`.
+
+    A crash or exception before the rename leaves any previous `path` untouched and removes the temp file.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        # mkstemp makes 0600 files; keep an existing file's mode, else use the usual 0644.
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o644
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    # Persist the rename itself; some platforms cannot fsync a directory.
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _json_default(value):
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    raise TypeError(f"checkpoint meta must be JSON-serializable; got {type(value).__name__}")
+
+
+def _le_array(name: str, value) -> np.ndarray:
+    arr = np.asarray(value)
+    dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+    if dtype.str not in SUPPORTED_DTYPES:
+        raise ValueError(f"tensor {name!r}: dtype {arr.dtype} is not supported; use one of {list(SUPPORTED_DTYPES)}")
+    return np.asarray(arr, dtype=dtype, order="C")  # ascontiguousarray would make 0-d arrays 1-d
+
+
+def save(path: str | os.PathLike, tensors: dict, meta: dict | None = None) -> None:
+    """Writes tensors and JSON-serializable meta to `path` atomically."""
+    arrays = []
+    entries = []
+    offset = 0
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise ValueError(f"tensor names must be strings, got {name!r}")
+        arr = _le_array(name, value)
+        offset = _align(offset)
+        entries.append(
+            {"name": name, "dtype": arr.dtype.str, "shape": list(arr.shape), "offset": offset, "nbytes": arr.nbytes}
+        )
+        arrays.append((offset, arr))
+        offset += arr.nbytes
+    data_size = offset
+    header = json.dumps(
+        {"meta": {} if meta is None else meta, "tensors": entries}, default=_json_default, allow_nan=True
+    ).encode("utf-8")
+    prefix = _PREFIX.pack(MAGIC, VERSION, 0, len(header), data_size)
+    data_start = _align(len(prefix) + len(header))
+
+    def write(f):
+        digest = hashlib.sha256()
+
+        def put(b):
+            digest.update(b)
+            f.write(b)
+
+        put(prefix)
+        put(header)
+        put(bytes(data_start - len(prefix) - len(header)))
+        pos = 0
+        for off, arr in arrays:
+            put(bytes(off - pos))
+            put(memoryview(arr.reshape(-1).view(np.uint8)))
+            pos = off + arr.nbytes
+        f.write(digest.digest())
+
+    atomic_write(path, write)
+
+
+def _corrupt(path: str, why: str) -> ValueError:
+    return ValueError(f"{path}: checkpoint is corrupt: {why}")
+
+
+def _truncated(path: str, why: str) -> ValueError:
+    return ValueError(f"{path}: checkpoint is truncated: {why}")
+
+
+def load(path: str | os.PathLike) -> tuple[dict, dict]:
+    """Reads a checkpoint written by save(); returns (tensors, meta) after verifying structure and checksum."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        buf = bytearray(size)
+        if f.readinto(buf) != size:
+            raise _truncated(path, "file shrank while reading")
+    if buf[: len(MAGIC)] != MAGIC[: min(size, len(MAGIC))]:
+        raise _corrupt(
+            path, f"bad magic {bytes(buf[: len(MAGIC)])!r}, expected {MAGIC!r} (not an infinitrain checkpoint?)"
+        )
+    if size < _PREFIX.size:
+        raise _truncated(path, f"{size} bytes is shorter than the {_PREFIX.size}-byte fixed header")
+    _, version, _, header_len, data_size = _PREFIX.unpack_from(buf)
+    if version != VERSION:
+        raise _corrupt(path, f"unsupported format version {version}, expected {VERSION}")
+    data_start = _align(_PREFIX.size + header_len)
+    expected = data_start + data_size + _DIGEST_BYTES
+    if size < expected:
+        raise _truncated(path, f"expected {expected} bytes from its header, found {size}")
+    if size > expected:
+        raise _corrupt(path, f"expected {expected} bytes from its header, found {size} ({size - expected} extra)")
+    view = memoryview(buf)
+    if hashlib.sha256(view[:-_DIGEST_BYTES]).digest() != bytes(view[-_DIGEST_BYTES:]):
+        raise _corrupt(path, "SHA-256 checksum mismatch (contents were altered or damaged)")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + header_len]).decode("utf-8"))
+        meta, entries = header["meta"], header["tensors"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise _corrupt(path, f"unreadable JSON header ({e})") from None
+    tensors = {}
+    for entry in entries:
+        try:
+            name, dtype_str = entry["name"], entry["dtype"]
+            shape, offset, nbytes = tuple(int(d) for d in entry["shape"]), int(entry["offset"]), int(entry["nbytes"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise _corrupt(path, f"bad tensor entry {entry!r} ({e})") from None
+        if dtype_str not in SUPPORTED_DTYPES:
+            raise _corrupt(path, f"tensor {name!r} has unsupported dtype {dtype_str!r}")
+        if name in tensors:
+            raise _corrupt(path, f"tensor {name!r} appears twice")
+        dtype = np.dtype(dtype_str)
+        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != nbytes:
+            raise _corrupt(path, f"tensor {name!r}: shape {list(shape)} of {dtype_str} does not make {nbytes} bytes")
+        if offset < 0 or offset + nbytes > data_size:
+            raise _corrupt(path, f"tensor {name!r}: bytes [{offset}, {offset + nbytes}) overrun the data section")
+        count = nbytes // dtype.itemsize
+        # Views into one writable buffer: no second copy of the weights.
+        tensors[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=data_start + offset).reshape(shape)
+    return tensors, meta
+
+
+# ---- bf16 helpers -------------------------------------------------------------------------------------------
+
+
+def float32_to_bf16_bits(x) -> np.ndarray:
+    """Rounds float32 values to bfloat16 (round-to-nearest-even) and returns the bits as uint16."""
+    bits = np.asarray(x, dtype=np.float32, order="C").view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    # Rounding can carry a NaN's payload into infinity; keep NaNs quiet NaNs.
+    return np.where(np.isnan(bits.view(np.float32)), np.uint16(0x7FC0), rounded)
+
+
+def bf16_bits_to_float32(bits) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+# ---- llm.c model files --------------------------------------------------------------------------------------
+
+
+def _dtype_kind(dtype) -> str:
+    if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
+        return "bf16"
+    if np.dtype(dtype) == np.float32:
+        return "f32"
+    raise ValueError(f"llm.c model dtype must be float32 or 'bfloat16', got {dtype!r}")
+
+
+def _header_bits(header_words) -> np.ndarray:
+    words = list(header_words)
+    if len(words) > LLMC_HEADER_WORDS:
+        raise ValueError(f"llm.c header holds {LLMC_HEADER_WORDS} words, got {len(words)}")
+    header = np.zeros(LLMC_HEADER_WORDS, dtype="<u4")
+    for i, w in enumerate(words):
+        if isinstance(w, (float, np.floating)):
+            header[i] = np.array([w], dtype="<f4").view("<u4")[0]
+        else:
+            w = int(w)
+            if not -(2**31) <= w < 2**32:
+                raise ValueError(f"llm.c header word {i} = {w} does not fit 32 bits")
+            header[i] = w & 0xFFFFFFFF
+    return header
+
+
+def write_llmc_model(path: str | os.PathLike, header_words, params, dtype=np.float32) -> None:
+    """Writes an llm.c model file: 256 int32 header words (floats as float32 bits), then all params in order.
+
+    dtype: np.float32, or "bfloat16" for llm.c's bf16 files. The header (magic, version, config) is the
+    caller's; nothing is filled in here.
+    """
+    kind = _dtype_kind(dtype)
+    header = _header_bits(header_words)
+    flat = [np.ascontiguousarray(p, dtype=np.float32).reshape(-1) for p in params]
+
+    def write(f):
+        f.write(header.tobytes())
+        for p in flat:
+            f.write(p.astype("<f4").tobytes() if kind == "f32" else float32_to_bf16_bits(p).astype("<u2").tobytes())
+
+    atomic_write(path, write)
+
+
+def _magic_name(magic: int) -> str:
+    name = _LLMC_MAGIC_NAMES.get(magic)
+    return f"{magic} ({name})" if name else str(magic)
+
+
+def read_llmc_model(
+    path: str | os.PathLike, expected_magic: int, count_fn: Callable, dtype=None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reads an llm.c model file; returns (header as 256 int32, all params as one flat float32 array).
+
+    count_fn(header) gives the number of parameters the header implies; the file must hold exactly that many.
+    dtype: None infers it from header[1] (3: float32, 5: bf16); otherwise np.float32 or "bfloat16".
+    """
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    if size < LLMC_HEADER_BYTES:
+        raise ValueError(
+            f"{path}: truncated llm.c model file: {size} bytes is shorter than the {LLMC_HEADER_BYTES}-byte header"
+        )
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(LLMC_HEADER_BYTES), dtype="<i4").astype(np.int32)
+    magic = int(header[0])
+    if magic != expected_magic:
+        raise ValueError(f"{path}: expected magic {_magic_name(expected_magic)}, got {_magic_name(magic)}")
+    if dtype is None:
+        version = int(header[1])
+        if version == LLMC_VERSION_FP32:
+            kind = "f32"
+        elif version == LLMC_VERSION_BF16:
+            kind = "bf16"
+        else:
+            raise ValueError(
+                f"{path}: unknown llm.c model version {version}; expected {LLMC_VERSION_FP32} (float32) "
+                f"or {LLMC_VERSION_BF16} (bf16), or pass dtype"
+            )
+    else:
+        kind = _dtype_kind(dtype)
+    itemsize = 4 if kind == "f32" else 2
+    count = int(count_fn(header))
+    if count < 0:
+        raise ValueError(f"{path}: count_fn gave a negative parameter count {count}")
+    expected = count * itemsize
+    found = size - LLMC_HEADER_BYTES
+    if found < expected:
+        raise ValueError(
+            f"{path}: truncated: the header implies {count} parameters ({expected} bytes), found {found} bytes"
+        )
+    if found > expected:
+        raise ValueError(
+            f"{path}: the header implies {count} parameters ({expected} bytes), found {found} bytes "
+            f"({found - expected} extra; wrong config or dtype?)"
+        )
+    with open(path, "rb") as f:
+        f.seek(LLMC_HEADER_BYTES)
+        raw = f.read(expected)
+    if kind == "f32":
+        flat = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    else:
+        flat = bf16_bits_to_float32(np.frombuffer(raw, dtype="<u2"))
+    return header, flat
+
+
+def header_float(header, i: int) -> float:
+    """Reinterprets int32 header slot i as the float32 stored in it."""
+    return float(np.asarray(header, dtype=np.int32)[i : i + 1].view(np.float32)[0])

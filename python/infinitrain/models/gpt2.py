@@ -1,0 +1,163 @@
+"""GPT-2 in llm.c's layout: learned positions, pre-LayerNorm blocks, tanh GELU,
+and the token embedding tied to the output head. Loads and saves llm.c model
+files (magic 20240326, version 3 float32 or 5 bfloat16)."""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from infinitrain import checkpoint, nn
+from infinitrain import functional as F
+from infinitrain.models.sampling import generate
+from infinitrain.tensor import from_numpy
+
+MAGIC = 20240326
+
+
+@dataclass
+class GPT2Config:
+    block_size: int = 1024
+    vocab_size: int = 50257
+    padded_vocab_size: int = 50304
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.padded_vocab_size < self.vocab_size:
+            raise ValueError("padded_vocab_size must be >= vocab_size")
+        for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg, device, proj_std):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, device=device, std=0.02)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, device=device, std=proj_std)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hs = C // self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.reshape(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg, device, proj_std):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, device=device, std=0.02)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, device=device, std=proj_std)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, device, proj_std):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, device=device)
+        self.attn = CausalSelfAttention(cfg, device, proj_std)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, device=device)
+        self.mlp = MLP(cfg, device, proj_std)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    def __init__(self, cfg, device="cpu"):
+        super().__init__()
+        self.config = cfg
+        proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # residual projections scaled as in GPT-2
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd, device=device, std=0.02)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd, device=device, std=0.02)
+        self.h = nn.ModuleList([Block(cfg, device, proj_std) for _ in range(cfg.n_layer)])
+        self.ln_f = nn.LayerNorm(cfg.n_embd, device=device)
+
+    def forward(self, idx, targets=None):
+        """idx, targets: int64 [B, T]. Returns (logits [B, T, vocab_size], mean loss or None)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        x = self.wte(idx) + self.wpe.weight[:T]
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
+        head = self.wte.weight
+        if self.config.padded_vocab_size != self.config.vocab_size:
+            head = head[: self.config.vocab_size]  # tied head over the real vocabulary
+        logits = F.linear(x, head)
+        loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+        return logits, loss
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
+        cfg = self.config
+        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+
+    # ---- llm.c model files ----
+    def _llmc_tensors(self):
+        """Parameters in llm.c's order, each per-layer kind stacked over layers."""
+        h = list(self.h)
+        per_layer = [
+            lambda b: b.ln_1.weight,
+            lambda b: b.ln_1.bias,
+            lambda b: b.attn.c_attn.weight,
+            lambda b: b.attn.c_attn.bias,
+            lambda b: b.attn.c_proj.weight,
+            lambda b: b.attn.c_proj.bias,
+            lambda b: b.ln_2.weight,
+            lambda b: b.ln_2.bias,
+            lambda b: b.mlp.c_fc.weight,
+            lambda b: b.mlp.c_fc.bias,
+            lambda b: b.mlp.c_proj.weight,
+            lambda b: b.mlp.c_proj.bias,
+        ]
+        groups = [[self.wte.weight], [self.wpe.weight]]
+        groups += [[get(b) for b in h] for get in per_layer]
+        groups += [[self.ln_f.weight], [self.ln_f.bias]]
+        return groups
+
+    def save_llmc(self, path, dtype="float32"):
+        cfg = self.config
+        version = {"float32": 3, "bfloat16": 5}[dtype]
+        header = [MAGIC, version, cfg.block_size, cfg.vocab_size, cfg.n_layer, cfg.n_head, cfg.n_embd]
+        header.append(cfg.padded_vocab_size)
+        arrays = [np.stack([p.numpy().astype(np.float32) for p in g]) for g in self._llmc_tensors()]
+        checkpoint.write_llmc_model(path, header, arrays, np.float32 if dtype == "float32" else "bfloat16")
+
+    @classmethod
+    def from_llmc(cls, path, device="cpu"):
+        def config_of(h):
+            return GPT2Config(
+                block_size=int(h[2]),
+                vocab_size=int(h[3]),
+                n_layer=int(h[4]),
+                n_head=int(h[5]),
+                n_embd=int(h[6]),
+                padded_vocab_size=int(h[7]),
+            )
+
+        def count(h):
+            c = config_of(h)
+            C, L = c.n_embd, c.n_layer
+            per_layer = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C
+            return (c.padded_vocab_size + c.block_size) * C + L * per_layer + 2 * C
+
+        header, flat = checkpoint.read_llmc_model(path, MAGIC, count)
+        model = cls(config_of(header), device)
+        offset = 0
+        for group in model._llmc_tensors():
+            for p in group:
+                n = p.numel()
+                p.copy_(from_numpy(flat[offset : offset + n].reshape(p.shape), dtype=p.dtype))
+                offset += n
+        return model

@@ -1,0 +1,124 @@
+"""SGD and AdamW over lists of parameters; updates run as in-place kernels."""
+
+import math
+
+from infinitrain import _C, autograd
+from infinitrain import functional as F
+from infinitrain.tensor import Tensor, zeros
+
+
+class Optimizer:
+    def __init__(self, params, lr):
+        self.params = [p for p in params]
+        if not self.params:
+            raise ValueError("optimizer got an empty parameter list")
+        if lr < 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        self.lr = lr
+        self.step_count = 0
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def state_dict(self):
+        """Host copies of the optimizer state: {'step': int, 'lr': float, 'tensors': {name: ndarray}}."""
+        return {"step": self.step_count, "lr": self.lr, "tensors": self._state_tensors()}
+
+    def load_state_dict(self, state):
+        self.step_count = int(state["step"])
+        self.lr = float(state["lr"])
+        own = self._state_tensors_live()
+        for name, t in own.items():
+            if name not in state["tensors"]:
+                raise KeyError(f"optimizer state lacks '{name}'")
+            t.copy_(state["tensors"][name])
+
+    def _state_tensors_live(self):
+        return {}
+
+    def _state_tensors(self):
+        return {k: v.numpy() for k, v in self._state_tensors_live().items()}
+
+
+class SGD(Optimizer):
+    """p -= lr * (g + weight_decay * p), with optional momentum buffer b = momentum * b + g."""
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, weight_decay=0.0):
+        super().__init__(params, lr)
+        self.momentum, self.weight_decay = momentum, weight_decay
+        self.buffers = [None] * len(self.params)
+
+    @autograd.no_grad()
+    def step(self):
+        self.step_count += 1
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g = p.grad
+            if self.weight_decay:
+                g = g + p * self.weight_decay
+            if self.momentum:
+                if self.buffers[i] is None:
+                    self.buffers[i] = g.clone()
+                else:
+                    b = self.buffers[i]
+                    _C.op("copy_")([b._t, (b * self.momentum + g)._t], [])
+                g = self.buffers[i]
+            _C.op("axpy_")([p._t, g._t], [-self.lr])
+
+    def _state_tensors_live(self):
+        return {f"momentum.{i}": b for i, b in enumerate(self.buffers) if b is not None}
+
+
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), PyTorch's AdamW formula, fused per tensor."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, lr)
+        b1, b2 = betas
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        self.betas, self.eps, self.weight_decay = (b1, b2), eps, weight_decay
+        stat = lambda p: "float64" if p.dtype == "float64" else "float32"  # noqa: E731
+        self.m = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
+        self.v = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
+        self._adamw = _C.op("adamw_")
+
+    @autograd.no_grad()
+    def step(self):
+        self.step_count += 1
+        b1, b2 = self.betas
+        attrs = [float(self.lr), b1, b2, float(self.eps), float(self.weight_decay), self.step_count]
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+            if p.grad is None:
+                continue
+            g = p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype)
+            self._adamw([p._t, g._t, m._t, v._t], attrs)
+
+    def _state_tensors_live(self):
+        out = {}
+        for i, (m, v) in enumerate(zip(self.m, self.v, strict=True)):
+            out[f"m.{i}"], out[f"v.{i}"] = m, v
+        return out
+
+
+@autograd.no_grad()
+def clip_grad_norm_(params, max_norm):
+    """Scales gradients so their global L2 norm is at most max_norm; returns the norm before clipping
+    as a 0-d tensor on the gradients' device (no host synchronisation)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return None
+    sq = [Tensor(_C.op("sum_squares")([g._t], [])[0]) for g in grads]
+    total = sq[0]
+    for s in sq[1:]:
+        total = total + s
+    norm = F.sqrt(total)
+    if max_norm is not None and math.isfinite(max_norm):
+        # coef = min(max_norm / (norm + 1e-6), 1), computed on the device.
+        coef = F.clamp(F.pow(F.affine(norm, 1.0, 1e-6), -1.0) * float(max_norm), None, 1.0)
+        for g in grads:
+            scaled = g * (coef if coef.dtype == g.dtype else coef.to(g.dtype))
+            g._t = scaled._t
+    return norm

@@ -1,0 +1,1 @@
+"""Command-line tools: the op reference generator and benchmarks."""

@@ -1,0 +1,262 @@
+"""The train CLI: trains GPT-2 or LLaMA 3 on llm.c token files (default: the
+embedded Shakespeare corpus, byte-level), with gradient accumulation,
+warmup+cosine learning rate, optional bfloat16 autocast, atomic checkpoints
+and exact resume.
+
+    ./bazelw run //python:train -- --num_iteration=200
+"""
+
+import glob
+import os
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+import infinitrain as it
+from infinitrain import _C, checkpoint
+from infinitrain.data import ByteTokenizer, DataLoader, Tokenizer, default_corpus
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("model", "gpt2", ["gpt2", "llama3"], "Model architecture.")
+flags.DEFINE_string("device", "cpu", "Device to train on: cpu, or a registered provider such as sim:0.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 autocasts matmuls).")
+flags.DEFINE_integer("batch_size", 8, "Sequences per micro-batch.", lower_bound=1)
+flags.DEFINE_integer("sequence_length", 128, "Tokens per sequence.", lower_bound=1)
+flags.DEFINE_integer("total_batch_size", 0, "Tokens per optimizer step (0: one micro-batch).", lower_bound=0)
+flags.DEFINE_integer("num_iteration", 150, "Optimizer steps.", lower_bound=1)
+flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.", lower_bound=0.0)
+flags.DEFINE_integer("warmup_steps", 10, "Linear warmup steps.", lower_bound=0)
+flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.", lower_bound=0.0)
+flags.DEFINE_float("grad_clip", 1.0, "Gradient norm clip (0: off).", lower_bound=0.0)
+flags.DEFINE_string("input_bin", "", "llm.c token file to train on (default: the Shakespeare corpus).")
+flags.DEFINE_string("input_val_bin", "", "llm.c token file for validation (default: the corpus's val split).")
+flags.DEFINE_string("tokenizer_bin", "", "llm.c tokenizer file for decoding samples.")
+flags.DEFINE_string("llmc_filepath", "", "Start from this llm.c model file instead of a fresh model.")
+flags.DEFINE_string("checkpoint_dir", "", "Directory for checkpoints (empty: none).")
+flags.DEFINE_integer("checkpoint_every", 0, "Save every N steps (0: only at the end).", lower_bound=0)
+flags.DEFINE_bool("resume", False, "Resume from the latest checkpoint in --checkpoint_dir.")
+flags.DEFINE_integer("seed", 42, "Seed for initialisation and data order.", lower_bound=0)
+flags.DEFINE_integer("sample_every", 50, "Print a generated sample every N steps (0: never).", lower_bound=0)
+flags.DEFINE_integer("sample_length", 96, "Tokens per sample.", lower_bound=1)
+flags.DEFINE_integer("val_every", 0, "Evaluate validation loss every N steps (0: never).", lower_bound=0)
+flags.DEFINE_integer("val_batches", 4, "Batches per validation.", lower_bound=1)
+flags.DEFINE_integer("n_layer", 4, "Layers of a fresh model.", lower_bound=1)
+flags.DEFINE_integer("n_head", 4, "Attention heads of a fresh model.", lower_bound=1)
+flags.DEFINE_integer("n_kv_head", 2, "Key/value heads of a fresh LLaMA 3.", lower_bound=1)
+flags.DEFINE_integer("n_embd", 128, "Width of a fresh model.", lower_bound=1)
+flags.DEFINE_string("log_file", "", "Also append step lines to this file.")
+
+CKPT_PATTERN = "ckpt_*.bin"
+
+
+class UsageError(ValueError):
+    pass
+
+
+def build_model(vocab_size, device):
+    if FLAGS.llmc_filepath:
+        cls = GPT2 if FLAGS.model == "gpt2" else LLaMA3
+        return cls.from_llmc(FLAGS.llmc_filepath, device)
+    T = FLAGS.sequence_length
+    if FLAGS.model == "gpt2":
+        padded = -(-vocab_size // 64) * 64
+        cfg = GPT2Config(T, vocab_size, padded, FLAGS.n_layer, FLAGS.n_head, FLAGS.n_embd)
+        return GPT2(cfg, device)
+    cfg = LLaMA3Config(
+        block_size=T,
+        vocab_size=vocab_size,
+        n_layer=FLAGS.n_layer,
+        n_head=FLAGS.n_head,
+        n_kv_head=FLAGS.n_kv_head,
+        n_embd=FLAGS.n_embd,
+        ffn_dim_multiplier=1.0,
+        multiple_of=32,
+    )
+    return LLaMA3(cfg, device)
+
+
+def latest_checkpoint(directory):
+    paths = sorted(glob.glob(os.path.join(directory, CKPT_PATTERN)))
+    return paths[-1] if paths else None
+
+
+def save_checkpoint(directory, step, model, optimizer, loader, keep=2):
+    tensors = {f"model.{k}": v.numpy() for k, v in model.state_dict().items()}
+    opt = optimizer.state_dict()
+    tensors.update({f"optim.{k}": v for k, v in opt["tensors"].items()})
+    meta = {
+        "step": step,
+        "optimizer": {"step": opt["step"], "lr": opt["lr"]},
+        "loader": loader.state_dict(),
+        "generator": it.random.default_generator.get_state(),
+        "model": FLAGS.model,
+        "dtypes": {k: v.dtype for k, v in model.state_dict().items()},
+    }
+    # bfloat16 parameters travel as float32 arrays; the dtype is restored from meta.
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"ckpt_{step:08d}.bin")
+    checkpoint.save(path, tensors, meta)
+    for old in sorted(glob.glob(os.path.join(directory, CKPT_PATTERN)))[:-keep]:
+        os.remove(old)
+    return path
+
+
+def load_checkpoint(path, model, optimizer, loader):
+    tensors, meta = checkpoint.load(path)
+    if meta.get("model") != FLAGS.model:
+        raise UsageError(f"{path} holds a {meta.get('model')} checkpoint, but --model={FLAGS.model}")
+    model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
+    opt_tensors = {k[len("optim.") :]: v for k, v in tensors.items() if k.startswith("optim.")}
+    optimizer.load_state_dict({**meta["optimizer"], "tensors": opt_tensors})
+    loader.load_state_dict(meta["loader"])
+    it.random.default_generator.set_state(meta["generator"])
+    return int(meta["step"])
+
+
+class Progress:
+    """A one-line progress bar on a terminal's stderr; silent otherwise."""
+
+    def __init__(self, total):
+        self.total, self.start = total, time.time()
+        self.on = sys.stderr.isatty()
+
+    def clear(self):
+        if self.on:
+            sys.stderr.write("\r\033[K")
+
+    def show(self, done):
+        if not self.on:
+            return
+        width = 30
+        filled = int(width * done / self.total)
+        rate = (time.time() - self.start) / max(done, 1)
+        eta = rate * (self.total - done)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} eta {eta:.0f}s")
+        sys.stderr.flush()
+
+
+def sample(model, decode, eot, device):
+    start = np.full((1, 1), eot, dtype=np.int64)
+    out = model.generate(start, FLAGS.sample_length, temperature=1.0, top_k=40, seed=FLAGS.seed)
+    return decode(out[0, 1:].tolist())
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if os.environ.get("BUILD_WORKING_DIRECTORY"):
+        os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])  # `bazel run`: paths are relative to the caller
+    if FLAGS.resume and not FLAGS.checkpoint_dir:
+        raise app.UsageError("--resume needs --checkpoint_dir")
+    device = _C.parse_device(FLAGS.device)
+    B, T = FLAGS.batch_size, FLAGS.sequence_length
+    total = FLAGS.total_batch_size or B * T
+    if total % (B * T):
+        raise app.UsageError(f"--total_batch_size={total} must be a multiple of batch_size*sequence_length={B * T}")
+    accum = total // (B * T)
+
+    if FLAGS.input_bin:
+        train_path, val_path = FLAGS.input_bin, FLAGS.input_val_bin
+    else:
+        train_path, val_path = default_corpus()
+        val_path = FLAGS.input_val_bin or val_path
+    tokenizer = Tokenizer.load(FLAGS.tokenizer_bin) if FLAGS.tokenizer_bin else None
+    if tokenizer is None and not FLAGS.input_bin:
+        tokenizer = ByteTokenizer()
+
+    it.manual_seed(FLAGS.seed)
+    loader = DataLoader(train_path, B, T, shuffle=True, seed=FLAGS.seed)
+    vocab = tokenizer.vocab_size if tokenizer is not None else int(loader.tokens.max()) + 1
+    model = build_model(vocab, device)
+    params = list(model.parameters())
+    optimizer = it.optim.AdamW(params, lr=FLAGS.learning_rate, betas=(0.9, 0.95), weight_decay=FLAGS.weight_decay)
+    schedule = it.optim.WarmupCosine(optimizer, FLAGS.warmup_steps, FLAGS.num_iteration)
+
+    start = 0
+    if FLAGS.resume:
+        path = latest_checkpoint(FLAGS.checkpoint_dir)
+        if path is None:
+            print(f"no checkpoint in {FLAGS.checkpoint_dir}; starting from scratch")
+        else:
+            start = load_checkpoint(path, model, optimizer, loader)
+            print(f"resumed from {path} at step {start}")
+    n_params = model.num_parameters()
+    print(
+        f"model {FLAGS.model}: {n_params / 1e6:.2f}M parameters | device {device} | dtype {FLAGS.dtype} | "
+        f"batch {B}x{T}, accumulation {accum} | {FLAGS.num_iteration} steps | data {train_path}"
+    )
+    log = open(FLAGS.log_file, "a") if FLAGS.log_file else None
+    progress = Progress(FLAGS.num_iteration)
+    autocast = FLAGS.dtype == "bfloat16"
+    eot = tokenizer.eot if tokenizer is not None and tokenizer.eot is not None else 0
+
+    for step in range(start, FLAGS.num_iteration):
+        t0 = time.time()
+        lr = schedule.get_lr(step)
+        optimizer.lr = lr
+        optimizer.zero_grad()
+        _C.reset_peak_memory(device)
+        loss_sum = None
+        for _ in range(accum):
+            x, y = next(loader)
+            x, y = it.from_numpy(x, device=device), it.from_numpy(y, device=device)
+            with it.amp.autocast(device, enabled=autocast):
+                _, loss = model(x, y)
+            loss = loss * (1.0 / accum)
+            loss.backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        norm = it.optim.clip_grad_norm_(params, FLAGS.grad_clip or None)
+        optimizer.step()
+        train_loss, norm = loss_sum.item(), norm.item()  # the step's one host synchronisation
+        ms = (time.time() - t0) * 1000
+        mem = _C.memory_stats(device)["peak_allocated"] / 2**20
+        line = (
+            f"step {step + 1}/{FLAGS.num_iteration} | train loss {train_loss:.6f} | lr {lr:.2e} | "
+            f"norm {norm:.4f} | {ms:.1f} ms | {total / (ms / 1000):.0f} tok/s | mem {mem:.1f} MiB"
+        )
+        progress.clear()
+        print(line, flush=True)
+        if log:
+            log.write(line + "\n")
+            log.flush()
+        progress.show(step + 1)
+        done = step + 1
+        if FLAGS.val_every and val_path and (done % FLAGS.val_every == 0 or done == FLAGS.num_iteration):
+            progress.clear()
+            print(f"step {done} | val loss {evaluate(model, val_path, device):.6f}", flush=True)
+        if FLAGS.checkpoint_dir and (
+            done == FLAGS.num_iteration or (FLAGS.checkpoint_every and done % FLAGS.checkpoint_every == 0)
+        ):
+            save_checkpoint(FLAGS.checkpoint_dir, done, model, optimizer, loader)
+        if FLAGS.sample_every and tokenizer is not None and (done % FLAGS.sample_every == 0):
+            progress.clear()
+            print(f"--- sample at step {done} ---\n{sample(model, tokenizer.decode, eot, device)}\n---", flush=True)
+    progress.clear()
+    if log:
+        log.close()
+
+
+@it.no_grad()
+def evaluate(model, path, device):
+    loader = DataLoader(path, FLAGS.batch_size, FLAGS.sequence_length, shuffle=False)
+    losses = []
+    for _ in range(min(FLAGS.val_batches, loader.batches_per_epoch)):
+        x, y = next(loader)
+        _, loss = model(it.from_numpy(x, device=device), it.from_numpy(y, device=device))
+        losses.append(loss.item())
+    return float(np.mean(losses))
+
+
+def run():
+    try:
+        app.run(main)
+    except (UsageError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,68 @@
+"""Shared test harness: the device under test, tolerances, and float64 checks.
+
+The device comes from INFINITRAIN_TEST_DEVICE (set by `--config=<provider>`),
+"cpu" by default. Tolerances are DESIGN.md's; a test needing looser bounds
+passes them explicitly and says why.
+"""
+
+import os
+
+import numpy as np
+
+from infinitrain import _C
+
+DEVICE = os.environ.get("INFINITRAIN_TEST_DEVICE", "cpu")
+FLOAT_DTYPES = ("float32", "bfloat16")
+TOL = {
+    "float32": (1.3e-6, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float16": (1e-3, 1e-5),
+    "float64": (1e-10, 1e-12),
+}
+
+# Every output is filled with NaN bytes before its kernel runs: unwritten elements fail.
+_C.set_poison_outputs(True)
+
+
+def rng():
+    """A fresh, unseeded generator: every run draws new inputs."""
+    return np.random.default_rng()
+
+
+def randn(*shape, gen=None, scale=1.0):
+    return ((gen or rng()).standard_normal(shape) * scale).astype(np.float64)
+
+
+def round_to(a, dtype):
+    """Rounds a float64 array through `dtype`, so references see exactly what the kernel sees."""
+    a = np.asarray(a)
+    if dtype == "bfloat16":
+        return _C.from_numpy(np.ascontiguousarray(a, dtype=np.float32), "bfloat16", "cpu").numpy().astype(np.float64)
+    if dtype in ("float32", "float16"):
+        return a.astype(dtype).astype(np.float64)
+    return a
+
+
+def to_device(a, dtype, device=None):
+    """A native tensor holding `a` converted to dtype on the device under test."""
+    a = np.asarray(a)
+    carrier = {"bfloat16": np.float32, "bool": np.bool_}.get(dtype) or np.dtype(dtype)
+    return _C.from_numpy(np.ascontiguousarray(a, dtype=carrier), dtype, device or DEVICE)
+
+
+def run(op, inputs, attrs=()):
+    """Runs one op through the dispatcher; returns the list of output tensors."""
+    return _C.op(op)(list(inputs), list(attrs))
+
+
+def assert_close(actual, expected, dtype, rtol=None, atol=None, what=""):
+    """Checks a native tensor (or array) against a float64 reference with the dtype's tolerances."""
+    got = actual.numpy() if hasattr(actual, "numpy") else np.asarray(actual)
+    got = got.astype(np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert got.shape == expected.shape, f"{what}: shape {got.shape}, expected {expected.shape}"
+    r, a = TOL[dtype]
+    rtol = r if rtol is None else rtol
+    atol = a if atol is None else atol
+    assert not np.isnan(got).any() or np.isnan(expected).any(), f"{what}: NaN in output (unwritten element?)"
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=what)

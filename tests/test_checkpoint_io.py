@@ -1,0 +1,315 @@
+"""Tests for infinitrain.checkpoint (pure NumPy; needs no C++ extension)."""
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import struct
+import sys
+
+import numpy as np
+import pytest
+
+_PKG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "infinitrain")
+
+
+def _import_checkpoint():
+    try:
+        from infinitrain import checkpoint
+
+        return checkpoint
+    except ImportError:
+        # The package __init__ may need the C++ extension; checkpoint.py stands alone, so load it by path.
+        spec = importlib.util.spec_from_file_location(
+            "_infinitrain_checkpoint", os.path.join(_PKG_DIR, "checkpoint.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+ckpt = _import_checkpoint()
+rng = np.random.default_rng()
+
+DTYPES = ["<f4", "<f8", "<i8", "<i4", "<u2", "|u1", "|b1"]
+
+
+def _random_array(dtype):
+    ndim = int(rng.integers(0, 4))
+    shape = tuple(int(d) for d in rng.integers(0, 7, size=ndim))
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    info = np.iinfo(dt)
+    return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+
+
+def _random_tensors():
+    tensors = {f"t{i}.{dtype}": _random_array(dtype) for i, dtype in enumerate(DTYPES * 2)}
+    tensors["big"] = rng.standard_normal(int(rng.integers(1000, 5000))).astype(np.float32)
+    tensors["empty"] = np.zeros((0, 3), dtype=np.float32)
+    tensors["scalar"] = np.array(int(rng.integers(0, 2**40)), dtype=np.int64)
+    return tensors
+
+
+def _random_meta():
+    return {
+        "step": int(rng.integers(0, 2**40)),
+        "lr": float(rng.random()),
+        "name": "run-" + rng.bytes(4).hex(),
+        "nested": {"loader": {"epoch": int(rng.integers(0, 9)), "position": int(rng.integers(0, 99))}, "ok": True},
+        "list": [1, 2.5, None, "x"],
+    }
+
+
+# ---- container ------------------------------------------------------------------------------------------------
+
+
+def test_save_load_roundtrip(tmp_path):
+    tensors, meta = _random_tensors(), _random_meta()
+    path = tmp_path / "c.ckpt"
+    ckpt.save(path, tensors, meta)
+    got, got_meta = ckpt.load(path)
+    assert got_meta == meta
+    assert list(got) == list(tensors)
+    for name, arr in tensors.items():
+        assert got[name].dtype == arr.dtype, name
+        assert got[name].shape == arr.shape, name
+        np.testing.assert_array_equal(got[name], arr)
+    assert os.listdir(tmp_path) == ["c.ckpt"]
+
+
+def test_save_normalizes_layout_and_byte_order(tmp_path):
+    a = rng.standard_normal((5, 7)).astype(">f4")  # big-endian
+    b = rng.integers(0, 100, (6, 4)).astype(np.int64).T  # non-contiguous
+    path = tmp_path / "n.ckpt"
+    ckpt.save(path, {"a": a, "b": b}, {"step": np.int64(3), "loss": np.float32(0.5)})
+    got, meta = ckpt.load(path)
+    assert got["a"].dtype.str == "<f4" and got["b"].dtype.str == "<i8"
+    np.testing.assert_array_equal(got["a"], a)
+    np.testing.assert_array_equal(got["b"], b)
+    assert meta == {"step": 3, "loss": 0.5}
+
+
+def test_file_layout_is_byte_exact(tmp_path):
+    tensors, meta = _random_tensors(), _random_meta()
+    path = tmp_path / "l.ckpt"
+    ckpt.save(path, tensors, meta)
+    raw = path.read_bytes()
+    magic, version, reserved, hlen, dsize = struct.unpack_from("<8sIIQQ", raw)
+    assert (magic, version, reserved) == (b"INFTCKPT", 1, 0)
+    header = json.loads(raw[32 : 32 + hlen].decode("utf-8"))
+    assert header["meta"] == meta
+    data_start = -(-(32 + hlen) // 64) * 64
+    assert raw[32 + hlen : data_start] == bytes(data_start - 32 - hlen)
+    assert len(raw) == data_start + dsize + 32
+    assert [e["name"] for e in header["tensors"]] == list(tensors)
+    for e in header["tensors"]:
+        arr = tensors[e["name"]]
+        assert e["dtype"] == arr.dtype.str
+        assert e["shape"] == list(arr.shape)
+        assert e["nbytes"] == arr.size * arr.itemsize
+        assert e["offset"] % 64 == 0
+        start = data_start + e["offset"]
+        assert raw[start : start + e["nbytes"]] == arr.tobytes()
+    assert raw[-32:] == hashlib.sha256(raw[:-32]).digest()
+
+
+def _saved(tmp_path):
+    path = tmp_path / "x.ckpt"
+    ckpt.save(path, _random_tensors(), _random_meta())
+    return path, path.read_bytes()
+
+
+def test_flipped_payload_byte_fails_checksum(tmp_path):
+    path, raw = _saved(tmp_path)
+    hlen, dsize = struct.unpack_from("<QQ", raw, 16)
+    data_start = -(-(32 + hlen) // 64) * 64
+    for lo, hi in [(data_start, data_start + dsize), (32, 32 + hlen), (len(raw) - 32, len(raw))]:
+        i = int(rng.integers(lo, hi))
+        bad = bytearray(raw)
+        bad[i] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(bad))
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: checkpoint is corrupt: SHA-256 checksum"):
+            ckpt.load(path)
+
+
+def test_bad_magic(tmp_path):
+    path, raw = _saved(tmp_path)
+    path.write_bytes(b"NOTACKPT" + raw[8:])
+    with pytest.raises(ValueError, match=r"checkpoint is corrupt: bad magic"):
+        ckpt.load(path)
+
+
+def test_bad_version(tmp_path):
+    path, raw = _saved(tmp_path)
+    path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
+    with pytest.raises(ValueError, match=r"checkpoint is corrupt: unsupported format version 2"):
+        ckpt.load(path)
+
+
+def test_truncated(tmp_path):
+    path, raw = _saved(tmp_path)
+    cuts = {0, 5, 8, 31, 32, len(raw) - 1} | {int(c) for c in rng.integers(1, len(raw), size=20)}
+    for keep in sorted(cuts):
+        path.write_bytes(raw[:keep])
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: checkpoint is truncated"):
+            ckpt.load(path)
+
+
+def test_trailing_bytes(tmp_path):
+    path, raw = _saved(tmp_path)
+    path.write_bytes(raw + b"\x00")
+    with pytest.raises(ValueError, match=r"checkpoint is corrupt: .*\(1 extra\)"):
+        ckpt.load(path)
+
+
+def test_save_rejects_unsupported(tmp_path):
+    for bad in (np.zeros(3, dtype=np.float16), np.zeros(3, dtype=np.complex64), np.array(["a"])):
+        with pytest.raises(ValueError, match=r"is not supported"):
+            ckpt.save(tmp_path / "u.ckpt", {"x": bad}, {})
+    with pytest.raises(TypeError, match=r"JSON-serializable"):
+        ckpt.save(tmp_path / "u.ckpt", {}, {"x": object()})
+    assert os.listdir(tmp_path) == []
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    path = tmp_path / "f.bin"
+    old = rng.bytes(int(rng.integers(1, 5000)))
+    ckpt.atomic_write(path, lambda f: f.write(old))
+    assert path.read_bytes() == old
+
+    def crash(f):
+        f.write(rng.bytes(100))
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        ckpt.atomic_write(path, crash)
+    assert path.read_bytes() == old
+    assert os.listdir(tmp_path) == ["f.bin"]
+    new = rng.bytes(int(rng.integers(1, 5000)))
+    ckpt.atomic_write(str(path), lambda f: f.write(new))
+    assert path.read_bytes() == new
+    ckpt.atomic_write(tmp_path / "sub" / "g.bin", lambda f: f.write(b"x"))  # creates the directory
+    assert (tmp_path / "sub" / "g.bin").read_bytes() == b"x"
+
+
+# ---- llm.c model files ----------------------------------------------------------------------------------------
+
+
+def _header_bytes(words):
+    out = b"".join(struct.pack("<f", w) if isinstance(w, float) else struct.pack("<i", w) for w in words)
+    return out + bytes(1024 - len(out))
+
+
+def _model(version=3):
+    words = [20240326, version] + [int(v) for v in rng.integers(1, 5000, size=5)] + [float(rng.random() * 1e-3)]
+    params = [
+        rng.standard_normal(tuple(int(d) for d in rng.integers(1, 20, size=int(rng.integers(1, 3))))) for _ in range(5)
+    ]
+    return words, [p.astype(np.float32) for p in params]
+
+
+def _count(params):
+    n = sum(p.size for p in params)
+    return lambda header: n
+
+
+def test_llmc_model_layout_and_roundtrip(tmp_path):
+    words, params = _model()
+    path = tmp_path / "m.bin"
+    ckpt.write_llmc_model(path, words, params)
+    raw = path.read_bytes()
+    assert raw[:1024] == _header_bytes(words)
+    assert raw[1024:] == b"".join(struct.pack(f"<{p.size}f", *p.ravel().tolist()) for p in params)
+    seen = []
+
+    def count_fn(header):
+        seen.append(header)
+        return sum(p.size for p in params)
+
+    header, flat = ckpt.read_llmc_model(path, 20240326, count_fn)
+    assert header.dtype == np.int32 and header.shape == (256,)
+    np.testing.assert_array_equal(header, np.frombuffer(_header_bytes(words), dtype="<i4"))
+    np.testing.assert_array_equal(seen[0], header)
+    assert flat.dtype == np.float32
+    np.testing.assert_array_equal(flat, np.concatenate([p.ravel() for p in params]))
+    assert ckpt.header_float(header, 7) == struct.unpack("<f", struct.pack("<f", words[7]))[0]
+
+
+def test_llmc_model_wrong_magic(tmp_path):
+    words, params = _model()
+    path = tmp_path / "m.bin"
+    words[0] = 20240803
+    ckpt.write_llmc_model(path, words, params)
+    with pytest.raises(ValueError, match=r"expected magic 20240326 \(GPT-2\), got 20240803 \(LLaMA 3\)"):
+        ckpt.read_llmc_model(path, 20240326, _count(params))
+    words[0] = int(rng.integers(1, 1000))
+    ckpt.write_llmc_model(path, words, params)
+    with pytest.raises(ValueError, match=rf"expected magic 20240326 \(GPT-2\), got {words[0]}$"):
+        ckpt.read_llmc_model(path, 20240326, _count(params))
+
+
+def test_llmc_model_truncated_and_oversized(tmp_path):
+    words, params = _model()
+    path = tmp_path / "m.bin"
+    ckpt.write_llmc_model(path, words, params)
+    raw = path.read_bytes()
+    n = sum(p.size for p in params)
+    cut = int(rng.integers(1, 4 * n + 1))
+    path.write_bytes(raw[:-cut])
+    with pytest.raises(ValueError, match=rf"truncated: .* {n} parameters \({4 * n} bytes\), found {4 * n - cut} bytes"):
+        ckpt.read_llmc_model(path, 20240326, _count(params))
+    path.write_bytes(raw + bytes(8))
+    with pytest.raises(ValueError, match=rf"found {4 * n + 8} bytes \(8 extra"):
+        ckpt.read_llmc_model(path, 20240326, _count(params))
+    path.write_bytes(raw[:1000])
+    with pytest.raises(ValueError, match=r"shorter than the 1024-byte header"):
+        ckpt.read_llmc_model(path, 20240326, _count(params))
+
+
+def test_llmc_model_bf16(tmp_path):
+    words, params = _model(version=5)
+    # Values with zero low mantissa bits are exact in bf16.
+    exact = [(p.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32) for p in params]
+    path = tmp_path / "b.bin"
+    ckpt.write_llmc_model(path, words, exact, dtype="bfloat16")
+    n = sum(p.size for p in params)
+    assert os.path.getsize(path) == 1024 + 2 * n
+    raw = path.read_bytes()
+    expected_bits = np.concatenate([(p.ravel().view(np.uint32) >> 16) for p in exact]).astype("<u2")
+    assert raw[1024:] == expected_bits.tobytes()
+    _, flat = ckpt.read_llmc_model(path, 20240326, _count(params))  # dtype from header[1] == 5
+    np.testing.assert_array_equal(flat, np.concatenate([p.ravel() for p in exact]))
+    ckpt.write_llmc_model(path, words, params, dtype="bfloat16")
+    _, flat = ckpt.read_llmc_model(path, 20240326, _count(params))
+    ref = np.concatenate([p.ravel() for p in params])
+    assert np.all(np.abs(flat - ref) <= np.abs(ref) * 2.0**-8)
+    # The same file read as float32 holds half the bytes the header would need.
+    with pytest.raises(ValueError, match=r"truncated"):
+        ckpt.read_llmc_model(path, 20240326, _count(params), dtype=np.float32)
+
+
+def test_bf16_rounding_is_nearest_even():
+    one_plus = [1.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 1.0 + 2.0**-8 + 2.0**-20, -2.0, np.inf, -np.inf]
+    bits = ckpt.float32_to_bf16_bits(np.array(one_plus, dtype=np.float32))
+    assert bits.tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC000, 0x7F80, 0xFF80]
+    assert np.isnan(ckpt.bf16_bits_to_float32(ckpt.float32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+
+
+def test_llmc_model_unknown_version_and_bad_header(tmp_path):
+    words, params = _model(version=4)
+    path = tmp_path / "m.bin"
+    ckpt.write_llmc_model(path, words, params)
+    with pytest.raises(ValueError, match=r"unknown llm.c model version 4"):
+        ckpt.read_llmc_model(path, 20240326, _count(params))
+    header, _ = ckpt.read_llmc_model(path, 20240326, _count(params), dtype=np.float32)
+    assert int(header[1]) == 4
+    with pytest.raises(ValueError, match=r"256 words"):
+        ckpt.write_llmc_model(path, [0] * 257, params)
+    with pytest.raises(ValueError, match=r"does not fit 32 bits"):
+        ckpt.write_llmc_model(path, [2**32], params)

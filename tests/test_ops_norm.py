@@ -1,0 +1,295 @@
+"""softmax, log_softmax, layernorm and rmsnorm CPU kernels (forward and backward) against float64 NumPy."""
+
+import numpy as np
+import pytest
+import harness
+from harness import DEVICE, TOL, assert_close, randn, rng, round_to, run
+
+from infinitrain import _C
+
+DTYPES = ("float32", "bfloat16", "float64")
+
+
+def to_device(a, dtype):
+    # harness.to_device evaluates np.dtype(dtype) eagerly, which raises for "bfloat16"; build that case here.
+    if dtype == "bfloat16":
+        return _C.from_numpy(np.ascontiguousarray(a, dtype=np.float32), "bfloat16", DEVICE)
+    return harness.to_device(a, dtype)
+
+
+def stat_dtype(dtype):
+    return "float64" if dtype == "float64" else "float32"
+
+
+# ---- softmax / log_softmax ---------------------------------------------------
+
+
+def ref_softmax(x, dim):
+    e = np.exp(x - x.max(axis=dim, keepdims=True))
+    return e / e.sum(axis=dim, keepdims=True)
+
+
+def ref_log_softmax(x, dim):
+    m = x.max(axis=dim, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=dim, keepdims=True))
+
+
+SOFTMAX_CASES = [
+    ((7,), 0),
+    ((1,), -1),
+    ((3, 17), -1),
+    ((3, 17), 0),
+    ((2, 33, 5), 1),
+    ((4, 1, 65), -1),
+    ((2, 3, 4, 5), -3),
+    ((64, 65), 1),  # parallel rows
+    ((65, 64), 0),  # parallel strided columns
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape, dim", SOFTMAX_CASES, ids=str)
+def test_softmax(shape, dim, log, dtype):
+    x = round_to(randn(*shape, scale=3.0), dtype)
+    op = "log_softmax" if log else "softmax"
+    out = run(op, [to_device(x, dtype)], [dim])[0]
+    ref = ref_log_softmax(x, dim) if log else ref_softmax(x, dim)
+    assert_close(out, ref, dtype, what=f"{op} {shape} dim={dim}")
+
+
+def ref_softmax_backward(y, g, dim, log):
+    if log:
+        return g - np.exp(y) * g.sum(axis=dim, keepdims=True)
+    return y * (g - (g * y).sum(axis=dim, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("shape, dim", SOFTMAX_CASES, ids=str)
+def test_softmax_backward(shape, dim, log, dtype):
+    gen = rng()
+    x = randn(*shape, gen=gen, scale=2.0)
+    y = round_to(ref_log_softmax(x, dim) if log else ref_softmax(x, dim), dtype)
+    g = round_to(randn(*shape, gen=gen), dtype)
+    op = "log_softmax_backward" if log else "softmax_backward"
+    dx = run(op, [to_device(y, dtype), to_device(g, dtype)], [dim])[0]
+    assert_close(dx, ref_softmax_backward(y, g, dim, log), dtype, what=f"{op} {shape} dim={dim}")
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_backward_finite_difference(log):
+    """The analytic backward matches central differences of the forward (float64, small case)."""
+    gen = rng()
+    x, g, dim, h = randn(3, 5, gen=gen), randn(3, 5, gen=gen), 1, 1e-6
+    fwd, bwd = ("log_softmax", "log_softmax_backward") if log else ("softmax", "softmax_backward")
+    y = run(fwd, [to_device(x, "float64")], [dim])[0]
+    dx = run(bwd, [y, to_device(g, "float64")], [dim])[0].numpy()
+    ref = ref_log_softmax if log else ref_softmax
+    num = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = h
+        num[i] = ((ref(x + e, dim) - ref(x - e, dim)) * g).sum() / (2 * h)
+    np.testing.assert_allclose(dx, num, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(ref_softmax_backward(y.numpy(), g, dim, log), num, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("shape, dim", [((0, 5), 1), ((3, 0), -1), ((2, 0, 4), 0)])
+def test_softmax_empty(op, shape, dim):
+    inputs = [to_device(np.zeros(shape), "float32")] * (2 if op.endswith("backward") else 1)
+    out = run(op, inputs, [dim])[0]
+    assert out.shape == shape
+
+
+def f32(*shape):
+    return to_device(randn(*shape), "float32")
+
+
+@pytest.mark.parametrize(
+    "op, inputs, attrs, match",
+    [
+        ("softmax", lambda: [f32(3, 4)], [2], "dim 2 out of range"),
+        ("log_softmax", lambda: [f32(3, 4)], [-3], "dim -3 out of range"),
+        ("softmax", lambda: [to_device(np.ones((3, 4)), "int64")], [0], "must be float32, bfloat16 or float64"),
+        ("softmax_backward", lambda: [f32(3, 4), f32(3, 5)], [1], "out and grad"),
+        ("log_softmax_backward", lambda: [f32(3, 4), to_device(randn(3, 4), "float64")], [1], "dtype mismatch"),
+        ("softmax", lambda: [f32(3, 4)], [], "expected 1 attribute"),
+    ],
+)
+def test_softmax_errors(op, inputs, attrs, match):
+    with pytest.raises(ValueError, match=match):
+        run(op, inputs(), attrs)
+
+
+# ---- layernorm / rmsnorm -----------------------------------------------------
+
+
+def ref_layernorm(x, w, b, eps):
+    mean = x.mean(-1)
+    var = ((x - mean[..., None]) ** 2).mean(-1)
+    rstd = 1 / np.sqrt(var + eps)
+    return (x - mean[..., None]) * rstd[..., None] * w + b, mean, rstd
+
+
+def ref_layernorm_backward(g, x, w, mean, rstd):
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    d = g * w
+    dx = rstd[..., None] * (d - d.mean(-1, keepdims=True) - xhat * (d * xhat).mean(-1, keepdims=True))
+    rows = tuple(range(x.ndim - 1))
+    return dx, (g * xhat).sum(rows), g.sum(rows)
+
+
+def ref_rmsnorm(x, w, eps):
+    rstd = 1 / np.sqrt((x * x).mean(-1) + eps)
+    return x * rstd[..., None] * w, rstd
+
+
+def ref_rmsnorm_backward(g, x, w, rstd):
+    xhat = x * rstd[..., None]
+    d = g * w
+    dx = rstd[..., None] * (d - xhat * (d * xhat).mean(-1, keepdims=True))
+    return dx, (g * xhat).sum(tuple(range(x.ndim - 1)))
+
+
+NORM_SHAPES = [(65,), (1, 1), (4, 1), (5, 17), (2, 3, 33), (64, 65), (3, 40, 33)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+def test_layernorm(shape, dtype):
+    gen, eps = rng(), 1e-5
+    x = round_to(randn(*shape, gen=gen, scale=2.0) + 0.5, dtype)
+    w = round_to(randn(shape[-1], gen=gen), dtype)
+    b = round_to(randn(shape[-1], gen=gen), dtype)
+    out, mean, rstd = run("layernorm", [to_device(x, dtype), to_device(w, dtype), to_device(b, dtype)], [eps])
+    r_out, r_mean, r_rstd = ref_layernorm(x, w, b, eps)
+    st = stat_dtype(dtype)
+    assert mean.dtype == st and rstd.dtype == st
+    assert_close(out, r_out, dtype, what="layernorm out")
+    assert_close(mean, r_mean, st, what="layernorm mean")
+    assert_close(rstd, r_rstd, st, what="layernorm rstd")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+def test_layernorm_backward(shape, dtype):
+    gen, st = rng(), stat_dtype(dtype)
+    x = round_to(randn(*shape, gen=gen, scale=2.0), dtype)
+    w = round_to(randn(shape[-1], gen=gen), dtype)
+    g = round_to(randn(*shape, gen=gen), dtype)
+    _, mean, rstd = ref_layernorm(x, w, 0.0, 1e-5)
+    mean, rstd = round_to(mean, st), round_to(rstd, st)
+    ins = [to_device(g, dtype), to_device(x, dtype), to_device(w, dtype), to_device(mean, st), to_device(rstd, st)]
+    dx, dw, db = run("layernorm_backward", ins)
+    r_dx, r_dw, r_db = ref_layernorm_backward(g, x, w, mean, rstd)
+    assert_close(dx, r_dx, dtype, what="layernorm dx")
+    assert_close(dw, r_dw, dtype, what="layernorm dweight")
+    assert_close(db, r_db, dtype, what="layernorm dbias")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+def test_rmsnorm(shape, dtype):
+    gen, eps = rng(), 1e-6
+    x = round_to(randn(*shape, gen=gen, scale=2.0), dtype)
+    w = round_to(randn(shape[-1], gen=gen), dtype)
+    out, rstd = run("rmsnorm", [to_device(x, dtype), to_device(w, dtype)], [eps])
+    r_out, r_rstd = ref_rmsnorm(x, w, eps)
+    st = stat_dtype(dtype)
+    assert rstd.dtype == st
+    assert_close(out, r_out, dtype, what="rmsnorm out")
+    assert_close(rstd, r_rstd, st, what="rmsnorm rstd")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+def test_rmsnorm_backward(shape, dtype):
+    gen, st = rng(), stat_dtype(dtype)
+    x = round_to(randn(*shape, gen=gen, scale=2.0), dtype)
+    w = round_to(randn(shape[-1], gen=gen), dtype)
+    g = round_to(randn(*shape, gen=gen), dtype)
+    rstd = round_to(ref_rmsnorm(x, w, 1e-6)[1], st)
+    dx, dw = run("rmsnorm_backward", [to_device(g, dtype), to_device(x, dtype), to_device(w, dtype), to_device(rstd, st)])
+    r_dx, r_dw = ref_rmsnorm_backward(g, x, w, rstd)
+    assert_close(dx, r_dx, dtype, what="rmsnorm dx")
+    assert_close(dw, r_dw, dtype, what="rmsnorm dweight")
+
+
+def numeric_grads(f, arrays, g, h=1e-6):
+    """Central differences of sum(f(*arrays) * g) with respect to each array."""
+    grads = []
+    for k, a in enumerate(arrays):
+        num = np.zeros_like(a)
+        for i in np.ndindex(a.shape):
+            plus = [x.copy() for x in arrays]
+            minus = [x.copy() for x in arrays]
+            plus[k][i] += h
+            minus[k][i] -= h
+            num[i] = ((f(*plus) - f(*minus)) * g).sum() / (2 * h)
+        grads.append(num)
+    return grads
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_norm_backward_finite_difference(rms):
+    """The analytic backward (kernel and NumPy reference) matches central differences in float64."""
+    gen, eps, d = rng(), 1e-5, "float64"
+    x, w, b, g = randn(3, 6, gen=gen), randn(6, gen=gen), randn(6, gen=gen), randn(3, 6, gen=gen)
+    if rms:
+        _, rstd = run("rmsnorm", [to_device(x, d), to_device(w, d)], [eps])
+        got = run("rmsnorm_backward", [to_device(g, d), to_device(x, d), to_device(w, d), rstd])
+        num = numeric_grads(lambda x, w: ref_rmsnorm(x, w, eps)[0], [x, w], g)
+        ref = ref_rmsnorm_backward(g, x, w, rstd.numpy())
+    else:
+        _, mean, rstd = run("layernorm", [to_device(x, d), to_device(w, d), to_device(b, d)], [eps])
+        got = run("layernorm_backward", [to_device(g, d), to_device(x, d), to_device(w, d), mean, rstd])
+        num = numeric_grads(lambda x, w, b: ref_layernorm(x, w, b, eps)[0], [x, w, b], g)
+        ref = ref_layernorm_backward(g, x, w, mean.numpy(), rstd.numpy())
+    for k in range(len(num)):
+        np.testing.assert_allclose(got[k].numpy(), num[k], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(ref[k], num[k], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_empty_rows(dtype):
+    """No rows: empty outputs, and the weight/bias gradients are zero sums."""
+    x, w = np.zeros((0, 5)), randn(5)
+    out, mean, rstd = run("layernorm", [to_device(x, dtype), to_device(w, dtype), to_device(w, dtype)], [1e-5])
+    assert out.shape == (0, 5) and mean.shape == (0,) and rstd.shape == (0,)
+    st = stat_dtype(dtype)
+    stats = to_device(np.zeros(0), st)
+    dx, dw, db = run("layernorm_backward", [to_device(x, dtype), to_device(x, dtype), to_device(w, dtype), stats, stats])
+    assert dx.shape == (0, 5)
+    assert_close(dw, np.zeros(5), dtype, what="dweight")
+    assert_close(db, np.zeros(5), dtype, what="dbias")
+    dx, dw = run("rmsnorm_backward", [to_device(x, dtype), to_device(x, dtype), to_device(w, dtype), stats])
+    assert_close(dw, np.zeros(5), dtype, what="rms dweight")
+
+
+def f64(*shape):
+    return to_device(randn(*shape), "float64")
+
+
+@pytest.mark.parametrize(
+    "op, inputs, attrs, match",
+    [
+        ("layernorm", lambda: [f32(3, 4), f32(5), f32(4)], [1e-5], r"weight and bias must have shape \[4\]"),
+        ("layernorm", lambda: [f32(3, 4), f32(4), f64(4)], [1e-5], "dtype mismatch"),
+        ("layernorm", lambda: [to_device(np.ones((3, 4)), "int64")] * 3, [1e-5], "must be float32"),
+        ("layernorm", lambda: [f32(3, 4), f32(4), f32(4)], [], "expected 1 attribute"),
+        ("layernorm_backward", lambda: [f32(3, 4), f32(3, 5), f32(4), f32(3), f32(3)], [], "grad and x"),
+        ("layernorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(5), f32(3), f32(3)], [], "weight must be"),
+        ("layernorm_backward", lambda: [f32(3, 4), f32(3, 4), f64(4), f32(3), f32(3)], [], "weight must be"),
+        ("layernorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(4), f64(3), f32(3)], [], "mean must be float32"),
+        ("layernorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(3), f32(4)], [], r"rstd must be .*\[3\]"),
+        ("rmsnorm", lambda: [f32(3, 4), f32(3)], [1e-5], r"weight must have shape \[4\]"),
+        ("rmsnorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(7), f32(3)], [], "weight must be"),
+        ("rmsnorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(2)], [], "rstd must be"),
+        ("rmsnorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(4), f64(3)], [], "rstd must be float32"),
+    ],
+)
+def test_norm_errors(op, inputs, attrs, match):
+    with pytest.raises(ValueError, match=match):
+        run(op, inputs(), attrs)
