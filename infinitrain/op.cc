@@ -98,7 +98,7 @@ std::vector<TensorMeta> Op::Meta(const std::vector<Tensor>& in, const Attrs& att
     try {
         return schema_.meta(in, attrs);
     } catch (const std::invalid_argument& e) {
-        // Shared shape rules name a family ("binary op"); say which op failed.
+        // Shared shape rules leave the op's name out; add it.
         std::string msg = e.what(), prefix = std::string(schema_.name) + ":";
         if (msg.rfind(prefix, 0) == 0) throw;
         throw std::invalid_argument(prefix + " " + msg);

@@ -136,7 +136,9 @@ Out Reduce(const char* op, const In& in, const Attrs& a) {
     const auto& dims = Attr<std::vector<int64_t>>(op, a, 0, "dims");
     bool keep = Attr<int64_t>(op, a, 1, "keepdim") != 0;
     Shape out = ReduceShape(op, in[0].shape(), dims, keep);
-    if (std::string(op) == "amax" && in[0].numel() == 0) OpError(op, "cannot take the max of an empty tensor");
+    if (std::string(op) == "amax" && in[0].numel() == 0 && Numel(out) > 0) {
+        OpError(op, "cannot take the max over an empty dimension");
+    }
     return {{out, in[0].dtype()}};
 }
 
@@ -173,8 +175,8 @@ Out Concat(const char* op, const In& in, const Attrs& a, bool stack) {
     CheckAttrs(op, a, 1, "dim");
     const Tensor& x0 = in[0];
     int64_t nd = x0.dim() + (stack ? 1 : 0);
+    if (nd == 0) OpError(op, "cannot concatenate 0-d tensors (use stack)");
     int64_t dim = NormalizeDim(op, Attr<int64_t>(op, a, 0, "dim"), nd);
-    if (!stack && nd == 0) OpError(op, "cannot concatenate 0-d tensors (use stack)");
     Shape out = x0.shape();
     int64_t total = 0;
     for (size_t k = 0; k < in.size(); ++k) {
@@ -366,8 +368,8 @@ std::vector<OpSchema> Schemas() {
     for (OpSchema& s : t) {
         if (!s.meta) {
             s.meta = [](const In& in, const Attrs& a) -> Out {
-                if (!a.empty()) OpError("unary op", "takes no attributes");
-                return UnaryFloat("unary op", in);
+                if (!a.empty()) OpError("", "takes no attributes");
+                return UnaryFloat("", in);
             };
         }
     }
@@ -437,7 +439,7 @@ std::vector<OpSchema> Schemas() {
                      kFloatTypes,
                      "",
                      u[1],
-                     META({ return UnaryBackward("unary backward", in, a); }),
+                     META({ return UnaryBackward("", in, a); }),
                      2,
                      2,
                      {}});
@@ -456,7 +458,7 @@ std::vector<OpSchema> Schemas() {
                      kFloatTypes,
                      b[1],
                      b[2],
-                     META({ return BinaryFloat("binary op", in, a); }),
+                     META({ return BinaryFloat("", in, a); }),
                      2,
                      2,
                      {}});
@@ -472,7 +474,7 @@ std::vector<OpSchema> Schemas() {
                      "float32 bfloat16 float64 int32 int64",
                      "",
                      c[1],
-                     META({ return Compare("comparison", in, a); }),
+                     META({ return Compare("", in, a); }),
                      2,
                      2,
                      {}});
@@ -903,10 +905,10 @@ std::vector<OpSchema> Schemas() {
                      std::string(name) == "tril" ? "x with elements above diagonal k of the last two dims zeroed"
                                                  : "x with elements below diagonal k of the last two dims zeroed",
                      META({
-                         CheckAttrs("tril/triu", a, 1, "k");
-                         Attr<int64_t>("tril/triu", a, 0, "k");
-                         if (in[0].dim() < 2) OpError("tril/triu", "x must be at least 2-d");
-                         return UnaryFloat("tril/triu", in);
+                         CheckAttrs("", a, 1, "k");
+                         Attr<int64_t>("", a, 0, "k");
+                         if (in[0].dim() < 2) OpError("", "x must be at least 2-d");
+                         return UnaryFloat("", in);
                      }),
                      1,
                      1,

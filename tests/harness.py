@@ -37,7 +37,8 @@ def round_to(a, dtype):
     """Rounds a float64 array through `dtype`, so references see exactly what the kernel sees."""
     a = np.asarray(a)
     if dtype == "bfloat16":
-        return _C.from_numpy(np.ascontiguousarray(a, dtype=np.float32), "bfloat16", "cpu").numpy().astype(np.float64)
+        bits = _C.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(a.shape), "bfloat16", "cpu")
+        return bits.numpy().astype(np.float64)
     if dtype in ("float32", "float16"):
         return a.astype(dtype).astype(np.float64)
     return a
@@ -47,7 +48,8 @@ def to_device(a, dtype, device=None):
     """A native tensor holding `a` converted to dtype on the device under test."""
     a = np.asarray(a)
     carrier = {"bfloat16": np.float32, "bool": np.bool_}.get(dtype) or np.dtype(dtype)
-    return _C.from_numpy(np.ascontiguousarray(a, dtype=carrier), dtype, device or DEVICE)
+    # ascontiguousarray turns 0-d arrays into 1-d ones; keep the shape.
+    return _C.from_numpy(np.ascontiguousarray(a, dtype=carrier).reshape(a.shape), dtype, device or DEVICE)
 
 
 def run(op, inputs, attrs=()):

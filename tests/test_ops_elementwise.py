@@ -12,7 +12,8 @@ K0, K1 = np.sqrt(2.0 / np.pi), 0.044715
 
 
 def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x))
+    e = np.exp(-np.abs(x))  # no overflow in the tails
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def _gelu(x):
@@ -51,11 +52,18 @@ SHAPES = [(), (1,), (3,), (17, 33), (2, 1, 65), (0, 3), (40001,)]
 def _input(domain, shape, dtype, gen=None):
     gen = gen or rng()
     x = np.exp(randn(*shape, gen=gen)) if domain == "pos" else randn(*shape, gen=gen, scale=2.0)
-    return round_to(x, dtype)
+    return _round(x, dtype)
+
+
+def _round(x, dtype):
+    # harness.round_to and to_device go through np.ascontiguousarray, which turns 0-d into 1-d.
+    x = np.asarray(x, dtype=np.float64)
+    return round_to(x, dtype).reshape(x.shape)
 
 
 def _tensor(x, dtype):
-    return to_device(x, dtype)
+    x = np.asarray(x)
+    return to_device(x, dtype).reshape(list(x.shape))
 
 
 # ---- unary -----------------------------------------------------------------------
@@ -79,7 +87,7 @@ def test_unary_tails(op):
     if op == "exp":
         x = x[(x > -80) & (x < 80)]
     for dtype in DTYPES:
-        xr = round_to(x, dtype)
+        xr = _round(x, dtype)
         (out,) = run(op, [_tensor(xr, dtype)])
         assert_close(out, UNARY[op][0](xr), dtype, what=f"{op} {dtype}")
 
@@ -138,7 +146,7 @@ def test_unary_backward(op, dtype, shape):
     x = _input("any", shape, dtype)
     g = _input("any", shape, dtype)
     if from_out:
-        y = round_to(UNARY[fwd][0](x), dtype)  # the saved forward output, as stored
+        y = _round(UNARY[fwd][0](x), dtype)  # the saved forward output, as stored
         expected = g * (1.0 - y * y) if fwd == "tanh" else g * y * (1.0 - y)
         first = y
     else:
@@ -163,6 +171,16 @@ def test_unary_backward_finite_difference(op):
     first = f(x) if from_out else x
     (dx,) = run(op, [_tensor(first, "float64"), _tensor(g, "float64")])
     assert_close(dx, fd, "float64", rtol=1e-6, atol=1e-8, what=op)  # finite-difference error ~1e-9
+
+
+@pytest.mark.parametrize("op", ["silu_backward", "gelu_tanh_backward"])
+def test_unary_backward_tails(op):
+    # Saturated tails: x^2 may overflow in float32, the derivative must still be 0 or 1, not NaN.
+    x = np.array([-1e20, -50.0, -10.0, 10.0, 50.0, 1e20])
+    for dtype in DTYPES:
+        xr = _round(x, dtype)
+        (dx,) = run(op, [_tensor(xr, dtype), _tensor(np.ones(6), dtype)])
+        assert_close(dx, UNARY_BW[op][2](xr), dtype, what=f"{op} {dtype}")
 
 
 def test_relu_backward_at_zero():
@@ -202,8 +220,8 @@ BCAST = [
 def _operand(shape, op, dtype, gen):
     if op == "div":  # keep |b| away from 0
         v = gen.uniform(0.5, 2.0, shape) * gen.choice([-1.0, 1.0], shape)
-        return round_to(np.asarray(v, dtype=np.float64), dtype)
-    return round_to(randn(*shape, gen=gen), dtype)
+        return _round(np.asarray(v, dtype=np.float64), dtype)
+    return _round(randn(*shape, gen=gen), dtype)
 
 
 @pytest.mark.parametrize("shapes", BCAST, ids=str)
@@ -211,7 +229,7 @@ def _operand(shape, op, dtype, gen):
 @pytest.mark.parametrize("op", sorted(BINARY))
 def test_binary(op, dtype, shapes):
     gen = rng()
-    a = round_to(randn(*shapes[0], gen=gen), dtype)
+    a = _round(randn(*shapes[0], gen=gen), dtype)
     b = _operand(shapes[1], op, dtype, gen)
     (out,) = run(op, [_tensor(a, dtype), _tensor(b, dtype)])
     expected = BINARY[op](a, b)
@@ -246,8 +264,8 @@ def _cmp_operands(dtype, shapes, gen):
         a = gen.integers(-3, 4, shapes[0]).astype(dtype)
         b = gen.integers(-3, 4, shapes[1]).astype(dtype)
         return a, b
-    a = round_to(np.round(randn(*shapes[0], gen=gen) * 2) / 2, dtype)  # coarse grid: many ties
-    b = round_to(np.round(randn(*shapes[1], gen=gen) * 2) / 2, dtype)
+    a = _round(np.round(randn(*shapes[0], gen=gen) * 2) / 2, dtype)  # coarse grid: many ties
+    b = _round(np.round(randn(*shapes[1], gen=gen) * 2) / 2, dtype)
     if a.size > 1:
         a.flat[1] = np.nan
     return a, b
@@ -266,7 +284,7 @@ def _check_bool(out, expected):
 @pytest.mark.parametrize("op", sorted(COMPARE))
 def test_compare(op, dtype, shapes):
     a, b = _cmp_operands(dtype, shapes, rng())
-    (out,) = run(op, [to_device(a, dtype), to_device(b, dtype)])
+    (out,) = run(op, [_tensor(a, dtype), _tensor(b, dtype)])
     _check_bool(out, COMPARE[op](a, b))
 
 
@@ -297,9 +315,9 @@ WHERE_SHAPES = [
 def test_where(dtype, shapes):
     gen = rng()
     cond = gen.random(shapes[0]) < 0.5
-    a = round_to(randn(*shapes[1], gen=gen), dtype)
-    b = round_to(randn(*shapes[2], gen=gen), dtype)
-    (out,) = run("where", [to_device(cond, "bool"), _tensor(a, dtype), _tensor(b, dtype)])
+    a = _round(randn(*shapes[1], gen=gen), dtype)
+    b = _round(randn(*shapes[2], gen=gen), dtype)
+    (out,) = run("where", [_tensor(cond, "bool"), _tensor(a, dtype), _tensor(b, dtype)])
     assert_close(out, np.where(cond, a, b), dtype, rtol=0, atol=0, what="where")  # a pure select: exact
 
 
@@ -307,11 +325,11 @@ def test_where(dtype, shapes):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_fill(dtype, mask_shape):
     gen = rng()
-    x = round_to(randn(2, 3, 33, gen=gen), dtype)
+    x = _round(randn(2, 3, 33, gen=gen), dtype)
     mask = gen.random(mask_shape) < 0.5
     for value in (-3.5, -1e4, -np.inf):
-        (out,) = run("masked_fill", [_tensor(x, dtype), to_device(mask, "bool")], [value])
-        expected = np.where(mask, round_to(np.float64(value), dtype), x)
+        (out,) = run("masked_fill", [_tensor(x, dtype), _tensor(mask, "bool")], [value])
+        expected = np.where(mask, _round(np.float64(value), dtype), x)
         assert_close(out, expected, dtype, rtol=0, atol=0, what=f"masked_fill {value}")  # exact select
 
 
@@ -327,23 +345,23 @@ def test_masked_fill_empty():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_axpy(dtype, shape):
     gen = rng()
-    y = round_to(randn(*shape, gen=gen), dtype)
-    x = round_to(randn(*shape, gen=gen), dtype)
+    y = _round(randn(*shape, gen=gen), dtype)
+    x = _round(randn(*shape, gen=gen), dtype)
     yt = _tensor(y, dtype)
     for alpha in (0.75, -2):
         assert run("axpy_", [yt, _tensor(x, dtype)], [alpha]) == []
         expected = y + alpha * x
         assert_close(yt, expected, dtype, what=f"axpy_ alpha={alpha}")
-        y = round_to(expected, dtype)
+        y = _round(expected, dtype)
 
 
 @pytest.mark.parametrize("shape", [(1,), (4, 33), (2, 3, 65), (0, 7), (40001,)], ids=str)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_swiglu(dtype, shape):
     gen = rng()
-    g = round_to(randn(*shape, gen=gen, scale=2.0), dtype)
-    u = round_to(randn(*shape, gen=gen), dtype)
-    d = round_to(randn(*shape, gen=gen), dtype)
+    g = _round(randn(*shape, gen=gen, scale=2.0), dtype)
+    u = _round(randn(*shape, gen=gen), dtype)
+    d = _round(randn(*shape, gen=gen), dtype)
     (out,) = run("swiglu", [_tensor(g, dtype), _tensor(u, dtype)])
     assert_close(out, g * _sigmoid(g) * u, dtype, what="swiglu")
     dgate, dup = run("swiglu_backward", [_tensor(g, dtype), _tensor(u, dtype), _tensor(d, dtype)])

@@ -9,10 +9,14 @@ from infinitrain import _C
 
 
 def to_device(a, dtype):
-    # harness.to_device evaluates np.dtype(dtype) eagerly, which raises for "bfloat16"; build that case here.
+    # harness.to_device evaluates np.dtype(dtype) eagerly, which raises for "bfloat16", and np.ascontiguousarray
+    # turns a 0-d array into shape (1,); handle both here.
+    a = np.asarray(a)
     if dtype == "bfloat16":
-        return _C.from_numpy(np.ascontiguousarray(a, dtype=np.float32), "bfloat16", DEVICE)
-    return harness.to_device(a, dtype)
+        t = _C.from_numpy(np.ascontiguousarray(a, dtype=np.float32), "bfloat16", DEVICE)
+    else:
+        t = harness.to_device(a, dtype)
+    return t.reshape(list(a.shape)) if t.shape != a.shape else t
 
 
 DTYPES = ("float32", "bfloat16", "float64")

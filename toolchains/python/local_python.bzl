@@ -26,6 +26,8 @@ py_runtime(
     name = "py3_runtime",
     interpreter_path = "{interpreter}",
     python_version = "PY3",
+    # The launcher stub runs under the same interpreter (no `python` need be on PATH).
+    stub_shebang = "#!{interpreter}",
 )
 
 py_runtime_pair(

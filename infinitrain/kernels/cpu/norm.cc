@@ -216,7 +216,7 @@ void NormBackward(KernelContext& ctx, const char* op) {
                 }
                 double mean_d = kRms ? 0.0 : sum_d / c, mean_dx = sum_dx / c;
                 for (int64_t j = 0; j < c; ++j) {
-                    double xh = (Load(xr + j) - mean) * rstd, d = Load(gr + j) * Load(wp + j);
+                    double xh = (Load(xr + j) - mean) * rstd, d = static_cast<double>(Load(gr + j)) * Load(wp + j);
                     Store(dxp + r * c + j, rstd * (d - mean_d - xh * mean_dx));
                 }
             }

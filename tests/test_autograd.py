@@ -1,0 +1,241 @@
+"""Autograd against float64 finite differences: every differentiable function
+of infinitrain.functional, on fresh random inputs, including broadcasting."""
+
+import numpy as np
+import pytest
+from harness import DEVICE, rng
+
+import infinitrain as it
+from infinitrain import functional as F
+
+
+def _t(a, requires_grad=True):
+    return it.from_numpy(np.asarray(a, dtype=np.float64), device=DEVICE, requires_grad=requires_grad)
+
+
+def gradcheck(fn, *arrays, eps=1e-6, rtol=1e-5, atol=1e-7):
+    """Compares autograd gradients of sum(fn(*x) * w) for random w with central differences."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    out = fn(*[_t(a, False) for a in arrays])
+    w = rng().standard_normal(out.shape)
+
+    def value(xs):
+        return float((fn(*[_t(a, False) for a in xs]).numpy() * w).sum())
+
+    inputs = [_t(a) for a in arrays]
+    loss = (fn(*inputs) * _t(w, False)).sum()
+    loss.backward()
+    for k, a in enumerate(arrays):
+        num = np.zeros_like(a)
+        flat = num.reshape(-1)
+        for i in range(a.size):
+            plus, minus = [x.copy() for x in arrays], [x.copy() for x in arrays]
+            plus[k].reshape(-1)[i] += eps
+            minus[k].reshape(-1)[i] -= eps
+            flat[i] = (value(plus) - value(minus)) / (2 * eps)
+        got = inputs[k].grad
+        assert got is not None, f"input {k} got no gradient"
+        np.testing.assert_allclose(got.numpy(), num, rtol=rtol, atol=atol, err_msg=f"input {k}")
+
+
+def randn(*shape):
+    return rng().standard_normal(shape)
+
+
+def positive(*shape):
+    return rng().uniform(0.5, 2.0, shape)
+
+
+UNARY = [
+    (F.neg, randn),
+    (F.exp, randn),
+    (F.log, positive),
+    (F.sqrt, positive),
+    (F.rsqrt, positive),
+    (F.abs, randn),
+    (F.sin, randn),
+    (F.cos, randn),
+    (F.tanh, randn),
+    (F.sigmoid, randn),
+    (F.relu, randn),
+    (F.silu, randn),
+    (F.gelu, randn),
+    (lambda x: F.affine(x, -1.7, 0.3), randn),
+    (lambda x: F.pow(x, 3.0), randn),
+    (lambda x: F.pow(x, -0.5), positive),
+    (lambda x: F.clamp(x, -0.5, 0.4), randn),
+    (lambda x: x.tril(1), randn),
+    (lambda x: x.triu(-1), randn),
+]
+
+
+@pytest.mark.parametrize("fn,make", UNARY, ids=[str(i) for i in range(len(UNARY))])
+def test_unary(fn, make):
+    gradcheck(fn, make(3, 5))
+
+
+SHAPES = [((3, 4), (3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 5)), ((1,), (2, 3)), ((2, 1, 3), (4, 1))]
+
+
+@pytest.mark.parametrize("a,b", SHAPES)
+@pytest.mark.parametrize("op", [F.add, F.sub, F.mul, F.maximum, F.minimum])
+def test_binary_broadcast(op, a, b):
+    gradcheck(op, randn(*a), randn(*b))
+
+
+@pytest.mark.parametrize("a,b", SHAPES)
+def test_div_broadcast(a, b):
+    gradcheck(F.div, randn(*a), positive(*b))
+
+
+def test_scalar_operators():
+    gradcheck(lambda x: (2.0 - x) * 3.0 + x / 4.0 - 1.0 / (x * x + 1.0), randn(4, 3))
+
+
+def test_where_and_masked_fill():
+    cond = it.from_numpy(rng().random((3, 4)) > 0.5, device=DEVICE)
+    gradcheck(lambda a, b: F.where(cond, a, b), randn(3, 4), randn(4))
+    gradcheck(lambda a: F.masked_fill(a, cond, -2.0), randn(3, 4))
+
+
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (0, False), (1, True), ((0, 2), False), (-1, True)])
+def test_reductions(dim, keepdim):
+    x = randn(3, 4, 5)
+    gradcheck(lambda t: F.sum(t, dim, keepdim), x)
+    gradcheck(lambda t: F.mean(t, dim, keepdim), x)
+    gradcheck(lambda t: F.amax(t, dim, keepdim), x)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_matmul(ta, tb):
+    a = randn(2, 3, 4) if not ta else randn(2, 4, 3)
+    b = randn(4, 5) if not tb else randn(5, 4)
+    gradcheck(lambda x, y: F.matmul(x, y, ta, tb), a, b)
+
+
+def test_matmul_batch_broadcast():
+    gradcheck(F.matmul, randn(2, 1, 3, 4), randn(3, 4, 2))
+
+
+def test_linear():
+    gradcheck(F.linear, randn(2, 3, 4), randn(5, 4), randn(5))
+    gradcheck(F.linear, randn(3, 4), randn(2, 4))
+
+
+def test_embedding_gather_scatter():
+    idx = it.from_numpy(rng().integers(0, 6, size=(2, 5)), device=DEVICE)
+    gradcheck(lambda w: F.embedding(idx, w), randn(6, 3))
+    gi = it.from_numpy(rng().integers(0, 4, size=(3, 2)), device=DEVICE)
+    gradcheck(lambda x: F.gather(x, 1, gi), randn(3, 4))
+    gradcheck(lambda x, s: F.scatter_add(x, 1, gi, s), randn(3, 4), randn(3, 2))
+
+
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+def test_softmax(dim):
+    gradcheck(lambda x: F.softmax(x, dim), randn(3, 4, 5))
+    gradcheck(lambda x: F.log_softmax(x, dim), randn(3, 4, 5))
+
+
+def test_norms_and_swiglu():
+    gradcheck(lambda x, w, b: F.layer_norm(x, w, b, 1e-5), randn(2, 3, 6), randn(6), randn(6))
+    gradcheck(lambda x, w: F.rms_norm(x, w, 1e-5), randn(2, 3, 6), randn(6))
+    gradcheck(F.swiglu, randn(3, 5), randn(3, 5))
+
+
+def test_rope():
+    T, D = 5, 6
+    ang = rng().uniform(-3, 3, (T, D // 2))
+    cos, sin = _t(np.cos(ang), False), _t(np.sin(ang), False)
+    gradcheck(lambda x: F.rope(x, cos, sin), randn(2, T, 3, D))
+
+
+@pytest.mark.parametrize("hq,hkv,causal", [(2, 2, True), (4, 2, True), (3, 1, False), (2, 2, False)])
+def test_attention(hq, hkv, causal):
+    T, D = 5, 4
+    gradcheck(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        randn(2, hq, T, D),
+        randn(2, hkv, T, D),
+        randn(2, hkv, T, D),
+    )
+
+
+def test_cross_entropy_with_ignore_index():
+    target = rng().integers(0, 7, size=6)
+    target[2] = -100
+    t = it.from_numpy(target, device=DEVICE)
+    gradcheck(lambda x: F.cross_entropy(x, t), randn(6, 7))
+
+
+def test_shape_ops():
+    x = randn(2, 3, 4)
+    gradcheck(lambda t: t.permute(2, 0, 1), x)
+    gradcheck(lambda t: t.reshape(4, 6) * 2.0, x)
+    gradcheck(lambda t: t[1:, ::2, -1], x)
+    gradcheck(lambda t: t[0, ..., None, 1:3], x)
+    gradcheck(lambda a, b: F.cat([a, b], dim=1), randn(2, 3), randn(2, 2))
+    gradcheck(lambda a, b: F.stack([a, b], dim=-1), randn(2, 3), randn(2, 3))
+    gradcheck(lambda t: F.split(t, 2, dim=1)[1] * 3.0 + F.split(t, 2, dim=1)[0][:, :1], randn(2, 5))
+    gradcheck(lambda t: t.expand(3, 2, 4), randn(2, 1))
+
+
+def test_dropout_gradient_matches_its_mask():
+    p = 0.3
+
+    def fn(x):
+        return F.dropout(x, p, training=True, generator=it.Generator(7))
+
+    gradcheck(fn, randn(4, 6))
+
+
+def test_cast_gradient_returns_to_source_dtype():
+    x = it.from_numpy(randn(3, 4), dtype="float32", device=DEVICE, requires_grad=True)
+    (x.to("float64") * 2.0).sum().backward()
+    assert x.grad.dtype == "float32"
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 2.0, np.float32))
+
+
+def test_gradient_accumulates_and_shared_inputs_sum():
+    a = randn(3)
+    x = _t(a)
+    (x * x + x).sum().backward()
+    (x * 3.0).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * a + 1 + 3, rtol=1e-12)
+
+
+def test_hooks_see_and_replace_gradients():
+    x = _t(randn(4))
+    seen = []
+    x.register_hook(lambda g: seen.append(g.numpy()) or g * 2.0)
+    (x * 3.0).sum().backward()
+    np.testing.assert_allclose(seen[0], np.full(4, 3.0))
+    np.testing.assert_allclose(x.grad.numpy(), np.full(4, 6.0))
+
+
+def test_no_grad_records_nothing():
+    x = _t(randn(3))
+    with it.no_grad():
+        y = x * 2.0
+    assert not y.requires_grad and y.is_leaf
+
+
+def test_second_backward_needs_retain_graph():
+    x = _t(randn(3))
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="retain_graph"):
+        y.backward()
+    z = (x * x).sum()
+    z.backward(retain_graph=True)
+    z.backward()
+
+
+def test_backward_errors():
+    x = _t(randn(3))
+    with pytest.raises(RuntimeError, match="single-element"):
+        (x * 2.0).backward()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        _t(randn(3), False).sum().backward()
+    with pytest.raises(ValueError, match="only floating"):
+        it.from_numpy(np.arange(3), device=DEVICE).requires_grad_()

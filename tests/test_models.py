@@ -1,0 +1,149 @@
+"""GPT-2 and LLaMA 3 at tiny sizes: the loss falls, runs are reproducible bit
+for bit, llm.c model files round-trip, and sampling works."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from harness import DEVICE, rng
+
+import infinitrain as it
+from infinitrain.models import GPT2, LLaMA3, GPT2Config, LLaMA3Config
+
+V, T = 61, 16
+
+
+def tiny(kind):
+    if kind == "gpt2":
+        return GPT2(GPT2Config(block_size=T, vocab_size=V, padded_vocab_size=64, n_layer=2, n_head=2, n_embd=32), DEVICE)
+    # norm_eps exactly representable in float32, so a model re-read from an llm.c file is identical.
+    cfg = LLaMA3Config(T, V, 2, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=2.0**-17, rope_theta=1e4)
+    return LLaMA3(cfg, DEVICE)
+
+
+def train(kind, steps, data, seed=3, dtype="float32"):
+    it.manual_seed(seed)
+    model = tiny(kind)
+    opt = it.optim.AdamW(list(model.parameters()), lr=1e-2, weight_decay=0.0)
+    x, y = it.from_numpy(data[:, :-1], device=DEVICE), it.from_numpy(data[:, 1:], device=DEVICE)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with it.amp.autocast(DEVICE, enabled=dtype == "bfloat16"):
+            _, loss = model(x, y)
+        loss.backward()
+        it.optim.clip_grad_norm_(list(model.parameters()), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def batch():
+    # A learnable sequence: repeated random phrases.
+    phrase = rng().integers(0, V, size=7)
+    seq = np.tile(phrase, 12)[: 4 * (T + 1)]
+    return seq.reshape(4, T + 1).astype(np.int64)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_loss_falls_in_20_steps(kind, dtype):
+    _, losses = train(kind, 20, batch(), dtype=dtype)
+    assert losses[0] == pytest.approx(np.log(V), abs=0.3)  # small init: near-uniform predictions
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+def test_same_seed_same_run_bit_for_bit(kind):
+    data = batch()
+    m1, l1 = train(kind, 5, data, seed=11)
+    m2, l2 = train(kind, 5, data, seed=11)
+    assert l1 == l2
+    for (n, a), (_, b) in zip(m1.named_parameters(), m2.named_parameters(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=n)
+    _, l3 = train(kind, 5, data, seed=12)
+    assert l3 != l1
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+def test_llmc_round_trip(kind, tmp_path):
+    it.manual_seed(1)
+    model = tiny(kind)
+    path = tmp_path / "model.bin"
+    model.save_llmc(path)
+    header = np.fromfile(path, dtype="<i4", count=256)
+    assert header[0] == (20240326 if kind == "gpt2" else 20240803) and header[1] == 3
+    cls = GPT2 if kind == "gpt2" else LLaMA3
+    loaded = cls.from_llmc(path, DEVICE)
+    # Float config fields travel as float32 in the header.
+    assert dataclasses.asdict(loaded.config) == pytest.approx(dataclasses.asdict(model.config), rel=1e-6)
+    for (n, a), (_, b) in zip(model.named_parameters(), loaded.named_parameters(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=n)
+    x = it.from_numpy(batch()[:, :-1], device=DEVICE)
+    np.testing.assert_array_equal(model(x)[0].numpy(), loaded(x)[0].numpy())
+
+
+def test_gpt2_llmc_layout(tmp_path):
+    """The file holds llm.c's order: wte, wpe, then each per-layer kind stacked over layers."""
+    it.manual_seed(2)
+    m = tiny("gpt2")
+    path = tmp_path / "g.bin"
+    m.save_llmc(path)
+    flat = np.fromfile(path, dtype="<f4", offset=1024)
+    C, Vp = 32, 64
+    np.testing.assert_array_equal(flat[: Vp * C], m.wte.weight.numpy().reshape(-1))
+    o = Vp * C + T * C
+    np.testing.assert_array_equal(flat[Vp * C : o], m.wpe.weight.numpy().reshape(-1))
+    np.testing.assert_array_equal(flat[o : o + C], m.h[0].ln_1.weight.numpy())
+    np.testing.assert_array_equal(flat[o + C : o + 2 * C], m.h[1].ln_1.weight.numpy())
+    assert flat.size == m.num_parameters()
+
+
+def test_llama3_header_floats(tmp_path):
+    m = tiny("llama3")
+    path = tmp_path / "l.bin"
+    m.save_llmc(path)
+    header = np.fromfile(path, dtype="<i4", count=256)
+    assert list(header[2:8]) == [T, V, 2, 4, 2, 32]
+    floats = header.view("<f4")
+    assert floats[8] == 1.0 and floats[10] == 2.0**-17 and floats[11] == 10000.0
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+def test_corrupt_llmc_files_are_refused(kind, tmp_path):
+    m = tiny(kind)
+    path = tmp_path / "m.bin"
+    m.save_llmc(path)
+    cls = GPT2 if kind == "gpt2" else LLaMA3
+    data = path.read_bytes()
+    (tmp_path / "short.bin").write_bytes(data[:-8])
+    with pytest.raises(ValueError, match="truncated"):
+        cls.from_llmc(tmp_path / "short.bin")
+    other = GPT2 if kind == "llama3" else LLaMA3
+    with pytest.raises(ValueError, match="expected magic"):
+        other.from_llmc(path)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+def test_generate_extends_and_is_seeded(kind):
+    m = tiny(kind)
+    start = rng().integers(0, V, size=(2, 3))
+    a = m.generate(start, 5, temperature=1.0, top_k=10, seed=4)
+    b = m.generate(start, 5, temperature=1.0, top_k=10, seed=4)
+    assert a.shape == (2, 8) and (a[:, :3] == start).all() and (a < V).all()
+    np.testing.assert_array_equal(a, b)
+    greedy = m.generate(start, 2, temperature=0.0)
+    logits, _ = m(it.from_numpy(start, device=DEVICE))
+    assert (greedy[:, 3] == logits.numpy()[:, -1].argmax(-1)).all()
+
+
+def test_model_input_errors():
+    m = tiny("gpt2")
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        m(it.from_numpy(np.zeros((1, T + 1), np.int64), device=DEVICE))
+    with pytest.raises(IndexError, match="out of range"):
+        m(it.from_numpy(np.full((1, 4), 64, np.int64), device=DEVICE))
+    with pytest.raises(ValueError, match="divisible"):
+        GPT2Config(n_embd=30, n_head=4)
+    with pytest.raises(ValueError, match="multiple of n_kv_head"):
+        LLaMA3Config(n_head=6, n_kv_head=4, n_embd=48)

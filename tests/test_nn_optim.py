@@ -1,0 +1,202 @@
+"""nn modules, AdamW, SGD, the schedule and gradient clipping against NumPy
+implementations of the same formulas, on fresh random inputs."""
+
+import math
+
+import numpy as np
+import pytest
+from harness import DEVICE, assert_close, rng
+
+import infinitrain as it
+from infinitrain import nn
+from infinitrain.optim import SGD, AdamW, WarmupCosine, clip_grad_norm_, warmup_cosine_lr
+
+
+def t(a, dtype="float32", requires_grad=False):
+    return it.from_numpy(np.asarray(a), dtype=dtype, device=DEVICE, requires_grad=requires_grad)
+
+
+def r32(a):
+    return np.asarray(a, np.float32).astype(np.float64)
+
+
+def test_linear_forward_backward():
+    m = nn.Linear(5, 3, device=DEVICE)
+    x = rng().standard_normal((4, 5))
+    w, b = m.weight.numpy().astype(np.float64), rng().standard_normal(3)
+    m.bias.copy_(t(b))
+    xt = t(x, requires_grad=True)
+    y = m(xt)
+    assert_close(y, r32(x) @ w.T + r32(b), "float32")
+    g = rng().standard_normal((4, 3))
+    y.backward(t(g))
+    assert_close(m.weight.grad, r32(g).T @ r32(x), "float32")
+    assert_close(m.bias.grad, r32(g).sum(0), "float32")
+    assert_close(xt.grad, r32(g) @ w, "float32")
+
+
+def test_embedding_layernorm_rmsnorm():
+    emb = nn.Embedding(7, 4, device=DEVICE)
+    idx = rng().integers(0, 7, size=(2, 3))
+    assert_close(emb(t(idx, "int64")), emb.weight.numpy()[idx], "float32")
+    x = rng().standard_normal((3, 6))
+    ln = nn.LayerNorm(6, device=DEVICE)
+    mu, var = r32(x).mean(-1, keepdims=True), r32(x).var(-1, keepdims=True)
+    assert_close(ln(t(x)), (r32(x) - mu) / np.sqrt(var + 1e-5), "float32")
+    rms = nn.RMSNorm(6, eps=1e-6, device=DEVICE)
+    assert_close(rms(t(x)), r32(x) / np.sqrt((r32(x) ** 2).mean(-1, keepdims=True) + 1e-6), "float32")
+
+
+def test_dropout_module_train_and_eval():
+    d = nn.Dropout(0.25)
+    x = t(rng().standard_normal((64, 64)) + 3.0)
+    y = d(x).numpy()
+    kept = y != 0
+    assert 0.65 < kept.mean() < 0.85
+    np.testing.assert_allclose(y[kept], x.numpy()[kept] / 0.75, rtol=1e-6)
+    d.eval()
+    assert d(x) is x
+    with pytest.raises(ValueError, match="dropout probability"):
+        nn.Dropout(1.0)
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(3, 4, device=DEVICE)
+        self.blocks = nn.ModuleList([nn.Linear(4, 4, device=DEVICE) for _ in range(2)])
+        self.seq = nn.Sequential(nn.LayerNorm(4, device=DEVICE), nn.Linear(4, 2, bias=False, device=DEVICE))
+
+    def forward(self, x):
+        x = self.a(x)
+        for b in self.blocks:
+            x = b(x).relu()
+        return self.seq(x)
+
+
+def test_module_registry_and_state_dict_round_trip():
+    m = Tiny()
+    names = [n for n, _ in m.named_parameters()]
+    assert names == [
+        "a.weight",
+        "a.bias",
+        "blocks.0.weight",
+        "blocks.0.bias",
+        "blocks.1.weight",
+        "blocks.1.bias",
+        "seq.0.weight",
+        "seq.0.bias",
+        "seq.1.weight",
+    ]
+    other = Tiny()
+    other.load_state_dict({k: v.numpy() for k, v in m.state_dict().items()})
+    x = t(rng().standard_normal((5, 3)))
+    np.testing.assert_array_equal(m(x).numpy(), other(x).numpy())
+    with pytest.raises(KeyError, match="missing keys"):
+        other.load_state_dict({"a.weight": m.a.weight})
+    with pytest.raises(ValueError, match="has shape"):
+        other.load_state_dict({**m.state_dict(), "a.bias": np.zeros(5, np.float32)})
+
+
+def adamw_reference(p, grads, lr, b1, b2, eps, wd):
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    for step, g in enumerate(grads, 1):
+        p = p - lr * wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr * (m / (1 - b1**step)) / (np.sqrt(v / (1 - b2**step)) + eps)
+    return p
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float64", 1e-10), ("float32", 2e-5)])
+def test_adamw_matches_numpy(dtype, rtol):
+    # float32: five steps each round p, m and v to float32, so allow a few ulps per step.
+    p0 = rng().standard_normal((5, 7))
+    grads = [rng().standard_normal((5, 7)) for _ in range(5)]
+    p = nn.Parameter(t(p0, dtype))
+    opt = AdamW([p], lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+    for g in grads:
+        p.grad = t(g, dtype)
+        opt.step()
+    want = adamw_reference(p0, grads, 0.01, 0.8, 0.95, 1e-6, 0.1)
+    np.testing.assert_allclose(p.numpy(), want, rtol=rtol, atol=rtol)
+
+
+def test_sgd_momentum_matches_numpy():
+    p0 = rng().standard_normal(6)
+    grads = [rng().standard_normal(6) for _ in range(3)]
+    p = nn.Parameter(t(p0, "float64"))
+    opt = SGD([p], lr=0.1, momentum=0.9, weight_decay=0.01)
+    ref, buf = p0.copy(), None
+    for g in grads:
+        p.grad = t(g, "float64")
+        opt.step()
+        d = g + 0.01 * ref
+        buf = d if buf is None else 0.9 * buf + d
+        ref = ref - 0.1 * buf
+    np.testing.assert_allclose(p.numpy(), ref, rtol=1e-12)
+
+
+def test_optimizer_state_round_trip():
+    p = nn.Parameter(t(rng().standard_normal(4)))
+    q = nn.Parameter(t(p.numpy()))
+    a, b = AdamW([p], lr=0.1), AdamW([q], lr=0.1)
+    p.grad = t(rng().standard_normal(4))
+    a.step()
+    b.load_state_dict(a.state_dict())
+    q.copy_(p)
+    g = t(rng().standard_normal(4))
+    p.grad, q.grad = g, g
+    a.step()
+    b.step()
+    np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def test_warmup_cosine_schedule():
+    lrs = [warmup_cosine_lr(s, 1.0, 4, 20, 0.1) for s in range(25)]
+    np.testing.assert_allclose(lrs[:4], [0.25, 0.5, 0.75, 1.0])
+    for s in range(4, 20):
+        want = 0.1 + 0.5 * (1 + math.cos(math.pi * (s - 4) / 16)) * 0.9
+        assert lrs[s] == pytest.approx(want)
+    assert lrs[20:] == [pytest.approx(0.1)] * 5
+    opt = SGD([nn.Parameter(t(np.ones(2)))], lr=2.0)
+    sched = WarmupCosine(opt, 2, 10)
+    assert opt.lr == pytest.approx(1.0)
+    sched.step()
+    assert opt.lr == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0])
+def test_clip_grad_norm(max_norm):
+    ps = [nn.Parameter(t(np.zeros(s))) for s in [(3, 4), (5,), (2, 2, 2)]]
+    gs = [rng().standard_normal(p.shape) for p in ps]
+    for p, g in zip(ps, gs, strict=True):
+        p.grad = t(g)
+    total = math.sqrt(sum((r32(g) ** 2).sum() for g in gs))
+    norm = clip_grad_norm_(ps, max_norm)
+    assert norm.item() == pytest.approx(total, rel=1e-6)
+    coef = min(1.0, max_norm / (total + 1e-6))
+    for p, g in zip(ps, gs, strict=True):
+        np.testing.assert_allclose(p.grad.numpy(), r32(g) * coef, rtol=1e-5, atol=1e-7)
+
+
+def test_optimizer_bad_arguments():
+    with pytest.raises(ValueError, match="empty parameter list"):
+        AdamW([])
+    with pytest.raises(ValueError, match="betas"):
+        AdamW([nn.Parameter(t(np.ones(2)))], betas=(1.0, 0.9))
+    with pytest.raises(ValueError, match="learning rate"):
+        SGD([nn.Parameter(t(np.ones(2)))], lr=-1.0)
+
+
+def test_autocast_runs_matmuls_in_bfloat16():
+    a, b = t(rng().standard_normal((4, 8))), t(rng().standard_normal((8, 3)))
+    with it.amp.autocast(DEVICE):
+        y = a @ b
+        p = it.functional.softmax(y, -1)
+    assert y.dtype == "bfloat16" and p.dtype == "float32"
+    ref = r32(a.numpy()) @ r32(b.numpy())
+    assert_close(y, ref, "bfloat16", rtol=3e-2, atol=3e-2)  # bf16 operands, 8-term sums
+    with pytest.raises(ValueError, match="autocast dtype"):
+        it.amp.autocast(DEVICE, dtype="float32")

@@ -1,0 +1,97 @@
+"""The train CLI end to end: step lines, exact resume from a checkpoint after a
+simulated crash, refusal of corrupt checkpoints, and clear errors for bad flags."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from harness import DEVICE, rng
+
+import infinitrain
+from infinitrain.data import write_tokens
+
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(infinitrain.__file__)))
+STEP = re.compile(r"^step (\d+)/(\d+) \| train loss ([0-9.]+) \| lr \S+ \| norm \S+ \| \S+ ms \| \d+ tok/s \| mem \S+ MiB$")
+
+
+def run_train(*flags, check=True):
+    env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("BUILD_WORKING_DIRECTORY", None)
+    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", *flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def losses(stdout):
+    out = {}
+    for line in stdout.splitlines():
+        m = STEP.match(line)
+        if m:
+            out[int(m.group(1))] = m.group(3)
+    return out
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    phrase = rng().integers(0, 40, size=9)
+    path = tmp_path / "train.bin"
+    write_tokens(path, np.tile(phrase, 200), kind="gpt2")
+    return str(path)
+
+
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--sequence_length=16", "--batch_size=4", "--sample_every=0"]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_resume_reproduces_the_uninterrupted_curve(model, corpus, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [f"--model={model}", f"--input_bin={corpus}", "--num_iteration=6", "--warmup_steps=2", *TINY]
+    full = run_train(*args, f"--checkpoint_dir={ckpt}", "--checkpoint_every=3", "--total_batch_size=128")
+    full_losses = losses(full.stdout)
+    assert sorted(full_losses) == list(range(1, 7)), full.stdout
+    assert float(full_losses[6]) < float(full_losses[1])
+    # Simulate a crash after step 3: only the step-3 checkpoint survives.
+    os.remove(ckpt / "ckpt_00000006.bin")
+    resumed = run_train(*args, f"--checkpoint_dir={ckpt}", "--resume", "--total_batch_size=128")
+    assert "resumed from" in resumed.stdout
+    res_losses = losses(resumed.stdout)
+    assert sorted(res_losses) == [4, 5, 6]
+    for s in (4, 5, 6):
+        assert res_losses[s] == full_losses[s], (s, full.stdout, resumed.stdout)
+
+
+def test_corrupt_checkpoint_is_refused(corpus, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run_train(f"--input_bin={corpus}", "--num_iteration=2", *TINY, f"--checkpoint_dir={ckpt}")
+    path = ckpt / "ckpt_00000002.bin"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    p = run_train(f"--input_bin={corpus}", "--num_iteration=4", *TINY, f"--checkpoint_dir={ckpt}", "--resume", check=False)
+    assert p.returncode != 0
+    assert "corrupt" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--dtype=float16"], "float16"),
+        (["--total_batch_size=100"], "must be a multiple of"),
+        (["--device=nosuch"], "unknown device 'nosuch'"),
+        (["--batch_size=0"], "batch_size"),
+        (["--resume"], "--resume needs --checkpoint_dir"),
+        (["--input_bin=/nonexistent/file.bin"], "/nonexistent/file.bin"),
+        (["--model=gpt3"], "gpt3"),
+    ],
+)
+def test_bad_flags_fail_clearly(flags, message, corpus):
+    base = [] if any(f.startswith("--input_bin") for f in flags) else [f"--input_bin={corpus}"]
+    p = run_train(*base, "--num_iteration=1", *TINY, *flags, check=False)
+    assert p.returncode != 0
+    assert message in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
