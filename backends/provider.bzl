@@ -25,8 +25,32 @@ provider_unavailable = rule(
 def provider_deps():
     """The provider libraries //python:infinitrain links, chosen by --config=<provider>."""
     return select({
-        "//backends:sim": ["//backends:sim_unavailable"],
+        "//backends:sim": ["//backends/sim:infinitrain_sim"],
         "//backends:cuda": ["//backends:cuda_unavailable"],
         "//backends:maca": ["//toolchains/maca:sdk_check"],
         "//conditions:default": [],
     })
+
+def provider_extension(name, srcs, deps = [], visibility = None):
+    """A provider's pybind11 module `name` (exposing register_backend()) as a py_library of the same name.
+
+    The module links the core's shared library instead of the core itself, so
+    the registries it fills are the ones infinitrain._C reads.
+    """
+    native.cc_binary(
+        name = name + ".so",
+        srcs = srcs + ["//python:infinitrain/libinfinitrain.so"],
+        copts = ["-fvisibility=hidden"],
+        linkshared = True,
+        linkstatic = True,
+        deps = deps + [
+            "//infinitrain:headers",
+            "@local_python//:pybind11",
+        ],
+    )
+    native.py_library(
+        name = name,
+        data = [":" + name + ".so"],
+        imports = ["."],
+        visibility = visibility,
+    )

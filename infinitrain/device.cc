@@ -19,6 +19,12 @@ std::string Device::ToString() const {
     return DeviceTypeName(type) + ":" + std::to_string(index);
 }
 
+namespace {
+bool (*g_resolver)(const std::string&) = nullptr;
+}  // namespace
+
+void SetDeviceResolver(bool (*resolver)(const std::string&)) { g_resolver = resolver; }
+
 Device ParseDevice(const std::string& spec) {
     std::string name = spec;
     int index = 0;
@@ -39,6 +45,7 @@ Device ParseDevice(const std::string& spec) {
         return Device{DeviceType::kCPU, 0};
     }
     const PrivateUse1Info* p = GetPrivateUse1();
+    if (!p && g_resolver && g_resolver(name)) p = GetPrivateUse1();
     if (p && name == p->name) return Device{DeviceType::kPrivateUse1, index};
     std::string known = "cpu";
     if (p) known += ", " + p->name;

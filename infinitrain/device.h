@@ -26,4 +26,8 @@ std::string DeviceTypeName(DeviceType t);
 // std::invalid_argument listing the registered names.
 Device ParseDevice(const std::string& spec);
 
+// Called with an unknown device type name before ParseDevice gives up; returns
+// true when it registered a provider of that name (Python imports the provider).
+void SetDeviceResolver(bool (*resolver)(const std::string& name));
+
 }  // namespace infinitrain

@@ -31,6 +31,23 @@ Registry& GetRegistry() {
 }
 
 bool g_poison = false;
+bool g_fallback = false;
+std::function<void(const std::string&)> g_warn;
+
+// Copies inputs to the host, runs the CPU kernel there and copies outputs (and in-place inputs) back.
+void RunOnCpu(const Op& op, const std::vector<Tensor>& in, std::vector<Tensor>& out, const Attrs& attrs) {
+    const Device cpu{};
+    std::vector<Tensor> hin;
+    hin.reserve(in.size());
+    for (const Tensor& t : in) hin.push_back(t.To(cpu));
+    std::vector<Tensor> hout;
+    hout.reserve(out.size());
+    for (const Tensor& t : out) hout.push_back(Tensor::Empty(t.shape(), t.dtype(), cpu));
+    KernelContext ctx{hin, hout, attrs, cpu, nullptr, &op};
+    op.Kernel(DeviceType::kCPU)(ctx);
+    for (size_t k = 0; k < out.size(); ++k) hout[k].CopyTo(out[k]);
+    for (int k : op.schema().inplace) hin[k].CopyTo(in[k]);
+}
 
 }  // namespace
 
@@ -84,6 +101,9 @@ std::vector<const Op*> AllOps() {
 }
 
 void SetPoisonOutputs(bool on) { g_poison = on; }
+void SetCpuFallback(bool on) { g_fallback = on; }
+bool CpuFallback() { return g_fallback; }
+void SetWarningHandler(std::function<void(const std::string&)> handler) { g_warn = std::move(handler); }
 bool PoisonOutputs() { return g_poison; }
 
 std::vector<TensorMeta> Op::Meta(const std::vector<Tensor>& in, const Attrs& attrs) const {
@@ -116,9 +136,17 @@ std::vector<Tensor> Op::Call(const std::vector<Tensor>& in, const Attrs& attrs) 
         }
     }
     KernelFn fn = kernels_[static_cast<int>(device.type)];
+    bool fallback = false;
     if (!fn) {
-        throw MissingKernelError("op '" + std::string(schema_.name) + "' has no kernel for device " +
-                                 device.ToString() + " (provider '" + DeviceTypeName(device.type) + "')");
+        if (!g_fallback || !kernels_[0]) {
+            throw MissingKernelError("op '" + std::string(schema_.name) + "' has no kernel for device " +
+                                     device.ToString() + " (provider '" + DeviceTypeName(device.type) + "')");
+        }
+        fallback = true;
+        if (!warned_fallback_.exchange(true) && g_warn) {
+            g_warn("op '" + std::string(schema_.name) + "' has no " + DeviceTypeName(device.type) +
+                   " kernel; running it on the CPU (CPU fallback)");
+        }
     }
     std::vector<Tensor> out;
     out.reserve(metas.size());
@@ -129,7 +157,11 @@ std::vector<Tensor> Op::Call(const std::vector<Tensor>& in, const Attrs& attrs) 
             if (t.nbytes()) rt.Memset(t.data(), 0xff, t.nbytes(), device.index, nullptr);
         }
     }
-    KernelContext ctx{in, out, attrs, device, nullptr};
+    if (fallback) {
+        RunOnCpu(*this, in, out, attrs);
+        return out;
+    }
+    KernelContext ctx{in, out, attrs, device, CurrentStream(device), this};
     fn(ctx);
     return out;
 }

@@ -5,7 +5,9 @@
 // the conformance report read.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <variant>
@@ -45,12 +47,15 @@ struct OpSchema {
     std::vector<int> inplace;  // inputs the kernel writes in place
 };
 
+class Op;
+
 struct KernelContext {
     const std::vector<Tensor>& in;
     std::vector<Tensor>& out;
     const Attrs& attrs;
     Device device;
-    Stream stream;
+    Stream stream;  // the device's current stream for the calling thread
+    const Op* op;
 
     int64_t i(size_t k) const;
     double f(size_t k) const;
@@ -72,6 +77,7 @@ public:
     const OpSchema& schema() const { return schema_; }
     const char* name() const { return schema_.name; }
     bool HasKernel(DeviceType t) const { return kernels_[static_cast<int>(t)] != nullptr; }
+    KernelFn Kernel(DeviceType t) const { return kernels_[static_cast<int>(t)]; }
     const char* KernelSite(DeviceType t) const { return sites_[static_cast<int>(t)]; }
 
     // Validates, allocates the outputs on the inputs' device and runs the kernel.
@@ -82,6 +88,7 @@ public:
 private:
     friend void RegisterKernel(DeviceType, const char*, KernelFn, const char*);
     OpSchema schema_;
+    mutable std::atomic<bool> warned_fallback_{false};
     KernelFn kernels_[kNumDeviceTypes] = {};
     const char* sites_[kNumDeviceTypes] = {};
 };
@@ -95,6 +102,13 @@ std::vector<const Op*> AllOps();
 // module calls at import: throwing from static init would abort the process.
 void RegisterKernel(DeviceType type, const char* op, KernelFn fn, const char* site);
 void CheckRegistrations();
+
+// When on, an op with no kernel on a device runs its CPU kernel on host copies
+// of the inputs and copies the outputs back, warning once per op (bring-up aid).
+void SetCpuFallback(bool on);
+bool CpuFallback();
+// Receives one-time warnings (the Python module routes them to `warnings`).
+void SetWarningHandler(std::function<void(const std::string&)> handler);
 
 // When on, every output is filled with 0xFF bytes (NaN for floats) before its
 // kernel runs, so a kernel that leaves elements unwritten fails the tests.

@@ -77,6 +77,12 @@ double FloatAttr(const char* op, const Attrs& a, size_t k, const char* name) {
     return Attr<double>(op, a, k, name);
 }
 
+// Random ops take (seed, offset) as two non-negative ints starting at attribute k.
+void CheckSeed(const char* op, const Attrs& a, size_t k) {
+    if (Attr<int64_t>(op, a, k, "seed") < 0) OpError(op, "seed must be >= 0");
+    if (Attr<int64_t>(op, a, k + 1, "offset") < 0) OpError(op, "offset must be >= 0");
+}
+
 // ---- shape rules -----------------------------------------------------------
 
 Out UnaryFloat(const char* op, const In& in) {
@@ -282,6 +288,9 @@ std::vector<OpSchema> Schemas() {
                  META({
                      CheckAttrs("normal_", a, 4, "mean, std, seed, offset");
                      CheckFloat("normal_", in[0], "x");
+                     FloatAttr("normal_", a, 0, "mean");
+                     if (FloatAttr("normal_", a, 1, "std") < 0) OpError("normal_", "std must be >= 0");
+                     CheckSeed("normal_", a, 2);
                      return {};
                  }),
                  1,
@@ -298,6 +307,10 @@ std::vector<OpSchema> Schemas() {
                  META({
                      CheckAttrs("uniform_", a, 4, "low, high, seed, offset");
                      CheckFloat("uniform_", in[0], "x");
+                     if (FloatAttr("uniform_", a, 0, "low") > FloatAttr("uniform_", a, 1, "high")) {
+                         OpError("uniform_", "low must be <= high");
+                     }
+                     CheckSeed("uniform_", a, 2);
                      return {};
                  }),
                  1,
@@ -316,6 +329,7 @@ std::vector<OpSchema> Schemas() {
                      CheckFloat("dropout", in[0], "x");
                      double p = FloatAttr("dropout", a, 0, "p");
                      if (!(p >= 0.0 && p < 1.0)) OpError("dropout", "p must be in [0, 1), got " + std::to_string(p));
+                     CheckSeed("dropout", a, 1);
                      return {{in[0].shape(), in[0].dtype()}, {in[0].shape(), DataType::kBool}};
                  }),
                  1,
@@ -331,6 +345,10 @@ std::vector<OpSchema> Schemas() {
                  "dx = grad * mask / (1 - p)",
                  META({
                      CheckAttrs("dropout_backward", a, 1, "p");
+                     double p = FloatAttr("dropout_backward", a, 0, "p");
+                     if (!(p >= 0.0 && p < 1.0)) {
+                         OpError("dropout_backward", "p must be in [0, 1), got " + std::to_string(p));
+                     }
                      CheckFloat("dropout_backward", in[0], "grad");
                      CheckDtype("dropout_backward", in[1], DataType::kBool, "mask");
                      CheckSameShape("dropout_backward", in[0], in[1], "grad and mask");
@@ -450,18 +468,8 @@ std::vector<OpSchema> Schemas() {
         {"add", "sum", "a + b"},           {"sub", "sum, neg", "a - b"},        {"mul", "mul, sum", "a * b"},
         {"div", "div, mul, sum", "a / b"}, {"maximum", "ge, mul", "max(a, b)"}, {"minimum", "le, mul", "min(a, b)"}};
     for (auto& b : binary) {
-        t.push_back({b[0],
-                     R,
-                     "a, b",
-                     "",
-                     "out",
-                     kFloatTypes,
-                     b[1],
-                     b[2],
-                     META({ return BinaryFloat("", in, a); }),
-                     2,
-                     2,
-                     {}});
+        t.push_back(
+            {b[0], R, "a, b", "", "out", kFloatTypes, b[1], b[2], META({ return BinaryFloat("", in, a); }), 2, 2, {}});
     }
     const char* compare[][2] = {{"eq", "a == b"}, {"ne", "a != b"}, {"lt", "a < b"},
                                 {"le", "a <= b"}, {"gt", "a > b"},  {"ge", "a >= b"}};

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace infinitrain {
 namespace {
@@ -22,6 +23,22 @@ std::mutex& RegistryMutex() {
     return mu;
 }
 }  // namespace
+
+namespace {
+// Per thread, per device type, a small map from device index to its current stream.
+thread_local std::vector<Stream> t_current[kNumDeviceTypes];
+}  // namespace
+
+Stream CurrentStream(const Device& device) {
+    const auto& v = t_current[static_cast<int>(device.type)];
+    return device.index < static_cast<int>(v.size()) ? v[device.index] : nullptr;
+}
+
+void SetCurrentStream(const Device& device, Stream stream) {
+    auto& v = t_current[static_cast<int>(device.type)];
+    if (device.index >= static_cast<int>(v.size())) v.resize(device.index + 1, nullptr);
+    v[device.index] = stream;
+}
 
 void RegisterRuntime(DeviceType type, RuntimeFactory factory, const char* site) {
     std::lock_guard<std::mutex> lock(RegistryMutex());

@@ -64,6 +64,10 @@ public:
 
 using RuntimeFactory = std::function<std::unique_ptr<DeviceRuntime>()>;
 
+// The stream kernels on `device` go to from the calling thread (nullptr: the default stream).
+Stream CurrentStream(const Device& device);
+void SetCurrentStream(const Device& device, Stream stream);
+
 // Registers the factory for a device type; a second registration for the same type raises.
 void RegisterRuntime(DeviceType type, RuntimeFactory factory, const char* site);
 // Creates the runtime on first use. Raises std::runtime_error when none is registered.

@@ -11,7 +11,9 @@ Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device
     data_ = GetRuntime(device.type).Malloc(nbytes ? nbytes : 1, device.index);
 }
 
-Storage::~Storage() { GetRuntime(device_.type).Free(data_, device_.index); }
+Storage::~Storage() {
+    if (owned_) GetRuntime(device_.type).Free(data_, device_.index);
+}
 
 int64_t Numel(const Shape& shape) {
     int64_t n = 1;
@@ -41,6 +43,15 @@ Tensor Tensor::Empty(const Shape& shape, DataType dtype, Device device) {
     t.numel_ = Numel(shape);
     t.dtype_ = dtype;
     t.storage_ = std::make_shared<Storage>(static_cast<size_t>(t.numel_) * DataTypeSize(dtype), device);
+    return t;
+}
+
+Tensor Tensor::FromBlob(void* data, const Shape& shape, DataType dtype, Device device) {
+    Tensor t;
+    t.shape_ = shape;
+    t.numel_ = Numel(shape);
+    t.dtype_ = dtype;
+    t.storage_ = std::make_shared<Storage>(data, static_cast<size_t>(t.numel_) * DataTypeSize(dtype), device, false);
     return t;
 }
 
@@ -85,9 +96,18 @@ Tensor Tensor::Reshape(const Shape& shape) const {
 
 Tensor Tensor::To(const Device& dst) const {
     Tensor out = Empty(shape_, dtype_, dst);
+    CopyTo(out);
+    return out;
+}
+
+void Tensor::CopyTo(const Tensor& out) const {
+    if (out.shape_ != shape_ || out.dtype_ != dtype_) {
+        throw std::invalid_argument("copy: " + ToString() + " into " + out.ToString() + " needs equal shape and dtype");
+    }
     size_t n = nbytes();
-    if (n == 0) return out;
+    if (n == 0) return;
     const Device& src = device();
+    const Device& dst = out.device();
     if (src.is_cpu() && dst.is_cpu()) {
         GetRuntime(DeviceType::kCPU).Memcpy(out.data(), data(), n, MemcpyKind::kDeviceToDevice, 0);
     } else if (src.is_cpu()) {
@@ -97,9 +117,8 @@ Tensor Tensor::To(const Device& dst) const {
     } else if (src.type == dst.type) {
         GetRuntime(src.type).Memcpy(out.data(), data(), n, MemcpyKind::kDeviceToDevice, src.index);
     } else {
-        return To(Device{}).To(dst);
+        To(Device{}).CopyTo(out);
     }
-    return out;
 }
 
 std::string Tensor::ToString() const {

@@ -18,6 +18,9 @@ using Shape = std::vector<int64_t>;
 class Storage {
 public:
     Storage(size_t nbytes, Device device);  // allocates through the device's runtime
+    // Wraps memory owned elsewhere (a provider's host view of device memory); never freed here.
+    Storage(void* data, size_t nbytes, Device device, bool owned)
+        : data_(data), nbytes_(nbytes), device_(device), owned_(owned) {}
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -30,12 +33,15 @@ private:
     void* data_ = nullptr;
     size_t nbytes_ = 0;
     Device device_;
+    bool owned_ = true;
 };
 
 class Tensor {
 public:
     Tensor() = default;
     static Tensor Empty(const Shape& shape, DataType dtype, Device device);
+    // A tensor over memory the caller keeps alive (contiguous, numel * dtype size bytes).
+    static Tensor FromBlob(void* data, const Shape& shape, DataType dtype, Device device);
 
     bool defined() const { return static_cast<bool>(storage_); }
     const Shape& shape() const { return shape_; }
@@ -57,6 +63,8 @@ public:
     Tensor Reshape(const Shape& shape) const;
     // Copy to another device (or the same one); synchronous for the caller.
     Tensor To(const Device& device) const;
+    // Copies this tensor's bytes into dst (same shape and dtype, any devices); synchronous.
+    void CopyTo(const Tensor& dst) const;
     std::string ToString() const;  // "Tensor(float32[2, 3], cpu:0)"
 
 private:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Copies the freshly built extension next to the package sources, so that
-# `PYTHONPATH=python pytest tests/` runs without Bazel.
+# Links the built libraries next to the package sources, so that
+# `PYTHONPATH=python pytest tests/` runs without Bazel and sees every rebuild.
 set -euo pipefail
-dst="$BUILD_WORKSPACE_DIRECTORY/python/infinitrain/_C.so"
-install -m 755 "$1" "$dst"
-echo "installed $dst"
+for f in "$@"; do
+    dst="$BUILD_WORKSPACE_DIRECTORY/python/infinitrain/$(basename "$f")"
+    ln -sf "$(realpath "$f")" "$dst"
+    echo "linked $dst"
+done

@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 import pytest
+
 import harness
 from harness import DEVICE, assert_close, randn, rng, round_to, run
-
 from infinitrain import _C
 
 DTYPES = ("float32", "bfloat16", "float64")
@@ -179,7 +179,9 @@ def test_sdpa_backward_finite_difference(causal):
     q, k, v = sdpa_inputs((1, 4, 2, 3, 3, 4), d, gen)
     g, scale = randn(*q.shape, gen=gen), 0.6
     out, lse = run("sdpa", [to_device(q, d), to_device(k, d), to_device(v, d)], [causal, scale])
-    got = run("sdpa_backward", [to_device(g, d), to_device(q, d), to_device(k, d), to_device(v, d), out, lse], [causal, scale])
+    got = run(
+        "sdpa_backward", [to_device(g, d), to_device(q, d), to_device(k, d), to_device(v, d), out, lse], [causal, scale]
+    )
     ana = ref_sdpa_backward(g, q, k, v, out.numpy(), lse.numpy(), causal, scale)
     arrays = [q, k, v]
     for n, a in enumerate(arrays):
@@ -260,6 +262,12 @@ def f64(*shape):
         ),
         (
             "sdpa_backward",
+            lambda: [f64(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 4)],
+            [0, 1.0],
+            "must share a dtype",
+        ),
+        (
+            "sdpa_backward",
             lambda: [f32(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 5, 8), f32(1, 2, 5, 8), f32(1, 2, 4, 8), f32(1, 2, 4)],
             [1, 1.0],
             "equal query and key",
@@ -275,3 +283,12 @@ def f64(*shape):
 def test_attention_errors(op, inputs, attrs, match):
     with pytest.raises(ValueError, match=match):
         run(op, inputs(), attrs)
+
+
+@pytest.mark.parametrize(
+    "attrs, match", [([1.0, 0.5], "'causal' must be an int"), ([0, "x"], "'scale' must be a float")]
+)
+def test_sdpa_backward_attr_types(attrs, match):
+    ins = [f32(1, 2, 4, 8)] * 5 + [f32(1, 2, 4)]
+    with pytest.raises(ValueError, match=match):
+        run("sdpa_backward", ins, attrs)

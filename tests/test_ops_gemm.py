@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+
 import harness
 from harness import DEVICE, TOL, assert_close, randn, rng, round_to, run
-
 from infinitrain import _C
 
 
@@ -168,4 +168,3 @@ def test_matmul_errors(inputs, attrs, err, match):
 def test_linear_errors(inputs, match):
     with pytest.raises(ValueError, match=match):
         run("linear", inputs())
-

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-import harness
-from harness import DEVICE, TOL, assert_close, randn, rng, round_to, run
 
+import harness
+from harness import DEVICE, assert_close, randn, rng, round_to, run
 from infinitrain import _C
 
 DTYPES = ("float32", "bfloat16", "float64")
@@ -215,7 +215,9 @@ def test_rmsnorm_backward(shape, dtype):
     w = round_to(randn(shape[-1], gen=gen), dtype)
     g = round_to(randn(*shape, gen=gen), dtype)
     rstd = round_to(ref_rmsnorm(x, w, 1e-6)[1], st)
-    dx, dw = run("rmsnorm_backward", [to_device(g, dtype), to_device(x, dtype), to_device(w, dtype), to_device(rstd, st)])
+    dx, dw = run(
+        "rmsnorm_backward", [to_device(g, dtype), to_device(x, dtype), to_device(w, dtype), to_device(rstd, st)]
+    )
     r_dx, r_dw = ref_rmsnorm_backward(g, x, w, rstd)
     assert_close(dx, r_dx, dtype, what="rmsnorm dx")
     assert_close(dw, r_dw, dtype, what="rmsnorm dweight")
@@ -264,7 +266,9 @@ def test_norm_empty_rows(dtype):
     assert out.shape == (0, 5) and mean.shape == (0,) and rstd.shape == (0,)
     st = stat_dtype(dtype)
     stats = to_device(np.zeros(0), st)
-    dx, dw, db = run("layernorm_backward", [to_device(x, dtype), to_device(x, dtype), to_device(w, dtype), stats, stats])
+    dx, dw, db = run(
+        "layernorm_backward", [to_device(x, dtype), to_device(x, dtype), to_device(w, dtype), stats, stats]
+    )
     assert dx.shape == (0, 5)
     assert_close(dw, np.zeros(5), dtype, what="dweight")
     assert_close(db, np.zeros(5), dtype, what="dbias")

@@ -93,7 +93,7 @@ def test_uniform_statistics(dtype, low, high):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_uniform_matches_formula(dtype):
     gen = rng()
-    seed = int(gen.integers(-(2**63), 2**63))
+    seed = int(gen.integers(0, 2**63))
     offset = int(gen.integers(0, 2**40))
     # Large enough that bfloat16 meets the ~5 in 10^6 values where rounding through float32 would be off.
     n = 400_003
@@ -142,7 +142,7 @@ def test_normal_statistics(dtype, mean, std):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_normal_matches_formula(dtype):
     gen = rng()
-    seed, offset = int(gen.integers(-(2**63), 2**63)), int(gen.integers(0, 2**40))
+    seed, offset = int(gen.integers(0, 2**63)), int(gen.integers(0, 2**40))
     x = _nan_tensor(5003, dtype)
     run("normal_", [x], [0.25, 1.5, seed, offset])
     expected = _normal_ref(seed, offset, 5003, 0.25, 1.5)
@@ -291,3 +291,26 @@ def test_dropout_errors():
         run("dropout_backward", [x, to_device(np.ones(4, bool), "bool")], [0.5])
     with pytest.raises(ValueError, match="dropout: x must be float32, bfloat16 or float64, got int32"):
         run("dropout", [to_device(np.arange(5), "int32")], [0.5, 0, 0])
+
+
+@pytest.mark.parametrize(
+    "op,attrs,message",
+    [
+        ("normal_", [0.0, 1.0, -1, 0], "seed must be >= 0"),
+        ("normal_", [0.0, -1.0, 1, 0], "std must be >= 0"),
+        ("uniform_", [1.0, 0.0, 1, 0], "low must be <= high"),
+        ("uniform_", [0.0, 1.0, 1, -5], "offset must be >= 0"),
+        ("dropout", [0.5, 1.5, 0], "attribute 'seed' must be an int"),
+    ],
+)
+def test_random_attribute_errors(op, attrs, message):
+    x = to_device(np.ones(4), "float32")
+    with pytest.raises(ValueError, match=message):
+        run(op, [x], attrs)
+
+
+def test_dropout_backward_rejects_bad_p():
+    g = to_device(np.ones(4), "float32")
+    m = to_device(np.ones(4, dtype=bool), "bool")
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\)"):
+        run("dropout_backward", [g, m], [1.0])

@@ -5,9 +5,12 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
+#include "infinitrain/ccl.h"
 #include "infinitrain/op.h"
 #include "infinitrain/privateuse1.h"
+#include "infinitrain/provider.h"
 #include "infinitrain/runtime.h"
 #include "infinitrain/tensor.h"
 
@@ -108,6 +111,77 @@ py::dict OpInfo(const Op& op) {
 
 Device Dev(const std::string& spec) { return ParseDevice(spec); }
 
+// Unknown device names ask infinitrain.backends to import and register a provider of that name.
+bool ResolveDevice(const std::string& name) {
+    static thread_local bool busy = false;
+    if (busy) return false;
+    busy = true;
+    bool ok = false;
+    try {
+        py::gil_scoped_acquire gil;
+        ok = py::module_::import("infinitrain.backends").attr("_resolve")(name).cast<bool>();
+    } catch (...) {
+        busy = false;
+        throw;
+    }
+    busy = false;
+    return ok;
+}
+
+// A stream or event handle with the device it belongs to; owned handles are destroyed with the object.
+struct StreamHandle {
+    Device device;
+    Stream stream;
+    bool owned;
+    StreamHandle(Device d, Stream s, bool o) : device(d), stream(s), owned(o) {}
+    StreamHandle(const StreamHandle&) = delete;
+    ~StreamHandle() {
+        if (owned && stream) GetRuntime(device.type).DestroyStream(stream, device.index);
+    }
+};
+
+struct EventHandle {
+    Device device;
+    Event event;
+    EventHandle(Device d, Event e) : device(d), event(e) {}
+    EventHandle(const EventHandle&) = delete;
+    ~EventHandle() { GetRuntime(device.type).DestroyEvent(event, device.index); }
+};
+
+struct CommHandle {
+    std::unique_ptr<Communicator> comm;
+};
+
+// Collective buffers: on the communicator's device, one dtype, the element counts the collective needs.
+void CheckCollective(const CommHandle& c, const std::vector<Tensor>& ts, int64_t want, int64_t got) {
+    for (const Tensor& t : ts) {
+        if (t.device() != c.comm->device()) {
+            throw std::invalid_argument("collective buffer on " + t.device().ToString() + ", communicator on " +
+                                        c.comm->device().ToString());
+        }
+        if (t.dtype() != ts[0].dtype()) throw std::invalid_argument("collective buffers must share one dtype");
+    }
+    if (want != got) {
+        throw std::invalid_argument("collective buffer sizes do not match: expected " + std::to_string(want) +
+                                    " elements, got " + std::to_string(got));
+    }
+}
+
+void CheckRoot(const CommHandle& c, int r) {
+    if (r < 0 || r >= c.comm->size()) {
+        throw std::invalid_argument("rank " + std::to_string(r) + " out of range for a group of " +
+                                    std::to_string(c.comm->size()));
+    }
+}
+
+Stream StreamOf(const std::optional<std::shared_ptr<StreamHandle>>& s, const Device& d) {
+    if (!s || !*s) return CurrentStream(d);
+    if ((*s)->device != d) {
+        throw std::invalid_argument("stream belongs to " + (*s)->device.ToString() + ", not " + d.ToString());
+    }
+    return (*s)->stream;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -154,6 +228,155 @@ PYBIND11_MODULE(_C, m) {
         return l;
     });
     m.def("set_poison_outputs", &SetPoisonOutputs);
+    m.def("set_cpu_fallback", &SetCpuFallback);
+    m.def("cpu_fallback", &CpuFallback);
+    SetWarningHandler([](const std::string& msg) {
+        py::gil_scoped_acquire gil;
+        PyErr_WarnEx(PyExc_RuntimeWarning, msg.c_str(), 1);
+    });
+    SetDeviceResolver(&ResolveDevice);
+    m.def("loaded_providers", &LoadedProviders);
+
+    py::class_<StreamHandle, std::shared_ptr<StreamHandle>>(m, "Stream")
+        .def(py::init([](const std::string& dev) {
+                 Device d = Dev(dev);
+                 return std::make_shared<StreamHandle>(d, GetRuntime(d.type).CreateStream(d.index), true);
+             }),
+             py::arg("device"))
+        .def_property_readonly("device", [](const StreamHandle& s) { return s.device.ToString(); })
+        .def("synchronize",
+             [](const StreamHandle& s) {
+                 py::gil_scoped_release release;
+                 GetRuntime(s.device.type).SynchronizeStream(s.stream, s.device.index);
+             })
+        .def("wait_event", [](const StreamHandle& s, const EventHandle& e) {
+            if (e.device != s.device) throw std::invalid_argument("event and stream are on different devices");
+            GetRuntime(s.device.type).StreamWaitEvent(s.stream, e.event, s.device.index);
+        });
+    m.def("default_stream", [](const std::string& dev) {
+        Device d = Dev(dev);
+        return std::make_shared<StreamHandle>(d, nullptr, false);
+    });
+    m.def("set_current_stream", [](const std::shared_ptr<StreamHandle>& s) { SetCurrentStream(s->device, s->stream); });
+    m.def("current_stream", [](const std::string& dev) {
+        Device d = Dev(dev);
+        return std::make_shared<StreamHandle>(d, CurrentStream(d), false);
+    });
+
+    py::class_<EventHandle, std::shared_ptr<EventHandle>>(m, "Event")
+        .def(py::init([](const std::string& dev) {
+                 Device d = Dev(dev);
+                 return std::make_shared<EventHandle>(d, GetRuntime(d.type).CreateEvent(d.index));
+             }),
+             py::arg("device"))
+        .def(
+            "record",
+            [](const EventHandle& e, std::optional<std::shared_ptr<StreamHandle>> s) {
+                GetRuntime(e.device.type).RecordEvent(e.event, StreamOf(s, e.device), e.device.index);
+            },
+            py::arg("stream") = py::none())
+        .def("query",
+             [](const EventHandle& e) { return GetRuntime(e.device.type).QueryEvent(e.event, e.device.index); })
+        .def("synchronize",
+             [](const EventHandle& e) {
+                 py::gil_scoped_release release;
+                 GetRuntime(e.device.type).SynchronizeEvent(e.event, e.device.index);
+             })
+        .def("elapsed_ms", [](const EventHandle& start, const EventHandle& end) {
+            if (start.device != end.device) throw std::invalid_argument("events are on different devices");
+            return GetRuntime(start.device.type).ElapsedMs(start.event, end.event, start.device.index);
+        });
+
+    py::class_<CommHandle, std::shared_ptr<CommHandle>>(m, "Communicator")
+        .def_property_readonly("rank", [](const CommHandle& c) { return c.comm->rank(); })
+        .def_property_readonly("size", [](const CommHandle& c) { return c.comm->size(); })
+        .def_property_readonly("device", [](const CommHandle& c) { return c.comm->device().ToString(); })
+        .def("async_error", [](const CommHandle& c) { return c.comm->AsyncError(); })
+        .def("all_reduce",
+             [](const CommHandle& c, const Tensor& send, const Tensor& recv, const std::string& op) {
+                 CheckCollective(c, {send, recv}, send.numel(), recv.numel());
+                 c.comm->AllReduce(send.data(), recv.data(), send.numel(), send.dtype(), ParseReduceOp(op),
+                                   CurrentStream(c.comm->device()));
+             })
+        .def("broadcast",
+             [](const CommHandle& c, const Tensor& send, const Tensor& recv, int root) {
+                 CheckCollective(c, {send, recv}, send.numel(), recv.numel());
+                 CheckRoot(c, root);
+                 c.comm->Broadcast(send.data(), recv.data(), send.numel(), send.dtype(), root,
+                                   CurrentStream(c.comm->device()));
+             })
+        .def("reduce",
+             [](const CommHandle& c, const Tensor& send, const Tensor& recv, const std::string& op, int root) {
+                 CheckCollective(c, {send, recv}, send.numel(), recv.numel());
+                 CheckRoot(c, root);
+                 c.comm->Reduce(send.data(), recv.data(), send.numel(), send.dtype(), ParseReduceOp(op), root,
+                                CurrentStream(c.comm->device()));
+             })
+        .def("all_gather",
+             [](const CommHandle& c, const Tensor& send, const Tensor& recv) {
+                 CheckCollective(c, {send, recv}, send.numel() * c.comm->size(), recv.numel());
+                 c.comm->AllGather(send.data(), recv.data(), send.numel(), send.dtype(),
+                                   CurrentStream(c.comm->device()));
+             })
+        .def("reduce_scatter",
+             [](const CommHandle& c, const Tensor& send, const Tensor& recv, const std::string& op) {
+                 CheckCollective(c, {send, recv}, send.numel(), recv.numel() * c.comm->size());
+                 c.comm->ReduceScatter(send.data(), recv.data(), recv.numel(), send.dtype(), ParseReduceOp(op),
+                                       CurrentStream(c.comm->device()));
+             })
+        .def("send",
+             [](const CommHandle& c, const Tensor& buf, int peer) {
+                 CheckCollective(c, {buf}, 0, 0);
+                 CheckRoot(c, peer);
+                 c.comm->Send(buf.data(), buf.numel(), buf.dtype(), peer, CurrentStream(c.comm->device()));
+             })
+        .def("recv", [](const CommHandle& c, const Tensor& buf, int peer) {
+            CheckCollective(c, {buf}, 0, 0);
+            CheckRoot(c, peer);
+            c.comm->Recv(buf.data(), buf.numel(), buf.dtype(), peer, CurrentStream(c.comm->device()));
+        });
+    m.def("ccl_init_all", [](const std::vector<std::string>& devs) {
+        if (devs.empty()) throw std::invalid_argument("ccl_init_all: expected at least one device");
+        std::vector<Device> ds;
+        for (const std::string& s : devs) ds.push_back(Dev(s));
+        for (const Device& d : ds) {
+            if (d.type != ds[0].type) throw std::invalid_argument("ccl_init_all: devices must share one type");
+        }
+        std::vector<std::unique_ptr<Communicator>> comms;
+        {
+            py::gil_scoped_release release;
+            comms = GetCcl(ds[0].type).InitAll(ds);
+        }
+        py::list out;
+        for (auto& c : comms) out.append(std::make_shared<CommHandle>(CommHandle{std::move(c)}));
+        return out;
+    });
+    m.def("ccl_unique_id", [](const std::string& type) {
+        CclUniqueId id = GetCcl(Dev(type).type).GetUniqueId();
+        return py::bytes(reinterpret_cast<const char*>(id.data()), id.size());
+    });
+    m.def("ccl_init_rank", [](const py::bytes& id, int nranks, int rank, const std::string& dev) {
+        std::string raw = id;
+        CclUniqueId uid{};
+        if (raw.size() != uid.size()) throw std::invalid_argument("ccl_init_rank: unique id must be 128 bytes");
+        std::copy(raw.begin(), raw.end(), uid.begin());
+        if (nranks < 1 || rank < 0 || rank >= nranks) {
+            throw std::invalid_argument("ccl_init_rank: need 0 <= rank < nranks");
+        }
+        Device d = Dev(dev);
+        std::unique_ptr<Communicator> comm;
+        {
+            py::gil_scoped_release release;
+            comm = GetCcl(d.type).InitRank(uid, nranks, rank, d);
+        }
+        return std::make_shared<CommHandle>(CommHandle{std::move(comm)});
+    });
+    m.def("ccl_group_start", [](const std::string& type) { GetCcl(Dev(type).type).GroupStart(); });
+    m.def("ccl_group_end", [](const std::string& type) {
+        py::gil_scoped_release release;
+        GetCcl(Dev(type).type).GroupEnd();
+    });
+    m.def("has_ccl", [](const std::string& type) { return HasCcl(Dev(type).type); });
 
     m.def("parse_device", [](const std::string& s) { return Dev(s).ToString(); });
     m.def("device_count", [](const std::string& type) {
@@ -180,10 +403,6 @@ PYBIND11_MODULE(_C, m) {
         GetRuntime(d.type).ResetPeakMemory(d.index);
     });
 
-    m.def("register_privateuse1",
-          [](const std::string& name, const std::string& autocast_dtype, const std::vector<std::string>& caps) {
-              RegisterPrivateUse1({name, ParseDataType(autocast_dtype), caps});
-          });
     m.def("privateuse1", []() -> py::object {
         const PrivateUse1Info* p = GetPrivateUse1();
         if (!p) return py::none();

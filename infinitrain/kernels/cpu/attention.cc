@@ -201,8 +201,8 @@ void SdpaKernel(KernelContext& ctx) {
 // The backward meta only checks grad against q; check everything else here before touching memory.
 void CheckBackwardInputs(const std::vector<Tensor>& in, bool causal) {
     const char* op = "sdpa_backward";
-    const Tensor &g = in[0], &q = in[1], &k = in[2], &v = in[3], &o = in[4], &lse = in[5];
-    for (int i = 1; i < 5; ++i) {
+    const Tensor &q = in[1], &k = in[2], &v = in[3], &o = in[4], &lse = in[5];
+    for (int i = 0; i < 5; ++i) {
         if (in[i].dtype() != q.dtype()) {
             OpError(op, std::string("grad, q, k, v and out must share a dtype, got ") + DataTypeName(q.dtype()) +
                             " and " + DataTypeName(in[i].dtype()));
@@ -225,7 +225,6 @@ void CheckBackwardInputs(const std::vector<Tensor>& in, bool causal) {
     if (o.shape() != q.shape()) {
         OpError(op, "out must have q's shape " + ShapeToString(q.shape()) + ", got " + ShapeToString(o.shape()));
     }
-    (void)g;
     DataType st = q.dtype() == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32;
     Shape ls{q.size(0), q.size(1), q.size(2)};
     if (lse.dtype() != st || lse.shape() != ls) {
@@ -292,6 +291,12 @@ void SdpaBackward(KernelContext& ctx) {
 }
 
 void SdpaBackwardKernel(KernelContext& ctx) {
+    // The backward meta checks only the attribute count.
+    if (!std::holds_alternative<int64_t>(ctx.attrs[0])) OpError("sdpa_backward", "attribute 'causal' must be an int");
+    if (std::holds_alternative<std::vector<int64_t>>(ctx.attrs[1]) ||
+        std::holds_alternative<std::string>(ctx.attrs[1])) {
+        OpError("sdpa_backward", "attribute 'scale' must be a float");
+    }
     CheckBackwardInputs(ctx.in, ctx.i(0) != 0);
     CheckBlas("sdpa_backward", GetDims(ctx.in[1], ctx.in[2]));
     DispatchFloat(ctx.in[1].dtype(), "sdpa_backward", [&](auto tag) { SdpaBackward<decltype(tag)>(ctx); });

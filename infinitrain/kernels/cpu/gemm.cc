@@ -8,7 +8,6 @@
 #include <cblas.h>
 
 #include <climits>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 

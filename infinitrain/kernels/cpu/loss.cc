@@ -87,7 +87,8 @@ void CrossEntropyBackwardKernel(KernelContext& ctx) {
     const char* op = "cross_entropy_backward";
     const Tensor &logits = ctx.in[0], &target = ctx.in[1], &lse_t = ctx.in[2], &grad_t = ctx.in[3];
     const Tensor& dx = ctx.out[0];
-    // The meta only checks the logits; check the rest before reading them.
+    // The meta only checks the logits and the attribute count; check the rest before reading them.
+    if (!std::holds_alternative<int64_t>(ctx.attrs[0])) OpError(op, "attribute 'ignore_index' must be an int");
     if (logits.dim() != 2) OpError(op, "logits must be 2-d, got shape " + ShapeToString(logits.shape()));
     int64_t ignore = ctx.i(0), n = logits.size(0), vocab = logits.size(1);
     DataType st = StatDtype(logits.dtype());

@@ -16,16 +16,17 @@
 //   u(c)       = u24_0(c) for float32 and bfloat16 tensors, u53_0(c) for float64
 //
 //   uniform_:  x[i] = low + (high - low) * u(c)
-//   normal_:   x[i] = mean + std * sqrt(-2 ln(1 - u53_1(c))) * cos(2 pi u53_2(c))
+//   normal_:   z = sqrt(-2 ln(1 - u53_1(c))) * cos(2 pi u53_2(c));  x[i] = mean + std * z
 //   dropout:   mask[i] = u(c) >= p;  out[i] = x[i] * (mask[i] ? 1 / (1 - p) : 0)
 //   dropout_backward: dx[i] = grad[i] * (mask[i] ? 1 / (1 - p) : 0)
 //
 // Every right-hand side is evaluated in double (operations left to right, no
 // fused multiply-add) and rounded once to the tensor's dtype, round to nearest
-// even. uniform_, dropout and dropout_backward are therefore bit-exact on any
-// IEEE device; normal_ matches wherever log and cos are correctly rounded and
-// otherwise differs at most in the last bit where the double result lies on a
-// rounding boundary. Rounding can put uniform_'s value on `high` itself.
+// even (bfloat16 straight from double, not through float32). uniform_, dropout
+// and dropout_backward are therefore bit-exact on any IEEE device. normal_ also
+// depends on the double log and cos, which math libraries may round differently
+// in the last bit: float64 results agree to a few ulps, float32/bfloat16 ones
+// almost always exactly (else by one ulp). Rounding can put uniform_ on `high`.
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -1,0 +1,46 @@
+"""Providers: out-of-tree accelerators in the PrivateUse1 device slot.
+
+A provider built into this package is a Python module named
+``infinitrain_<name>`` whose ``register_backend()`` claims the slot. It
+registers when you call ``register(name)``, or on first use of its device
+name (``it.randn(3, device="sim:1")``). One provider per process.
+"""
+
+import importlib
+import pkgutil
+
+from infinitrain import _C
+
+PREFIX = "infinitrain_"
+
+
+def available():
+    """Names of the providers this build contains (importable modules ``infinitrain_<name>``)."""
+    return sorted(m.name[len(PREFIX) :] for m in pkgutil.iter_modules() if m.name.startswith(PREFIX))
+
+
+def registered():
+    """The registered provider: {'name', 'autocast_dtype', 'capabilities'}, or None."""
+    return _C.privateuse1()
+
+
+def register(name):
+    """Imports provider `name` and registers it (idempotent); returns what it registered."""
+    try:
+        module = importlib.import_module(PREFIX + name)
+    except ModuleNotFoundError:
+        built = ", ".join(available()) or "none"
+        raise ValueError(
+            f"no provider named '{name}' in this build (built-in providers: {built}); "
+            f"build with --config={name}"
+        ) from None
+    module.register_backend()
+    return registered()
+
+
+def _resolve(name):
+    """Called by the core for an unknown device name: registers a provider of that name if one is built."""
+    if _C.privateuse1() is not None or name not in available():
+        return False
+    register(name)
+    return True
