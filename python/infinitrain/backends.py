@@ -31,8 +31,7 @@ def register(name):
     except ModuleNotFoundError:
         built = ", ".join(available()) or "none"
         raise ValueError(
-            f"no provider named '{name}' in this build (built-in providers: {built}); "
-            f"build with --config={name}"
+            f"no provider named '{name}' in this build (built-in providers: {built}); " f"build with --config={name}"
         ) from None
     module.register_backend()
     return registered()

@@ -30,6 +30,31 @@ def _run1(name, inputs, attrs=()):
     return Tensor(_call(name, inputs, attrs)[0])
 
 
+_native_cache = {}
+
+
+def _native(name, device, backward=None):
+    """Whether `device` runs fused op `name` (and its backward) natively; otherwise the composite runs."""
+    key = (name, device)
+    r = _native_cache.get(key)
+    if r is None:
+        r = _native_cache[key] = _op(name).has_kernel(device) and (backward is None or _op(backward).has_kernel(device))
+    return r
+
+
+def composite(name):
+    """The dispatcher-level composite of fused op `name` (see infinitrain.composites), or None."""
+    from infinitrain import composites
+
+    return composites.op_composite(name)
+
+
+def _composites():
+    from infinitrain import composites
+
+    return composites
+
+
 def _needs_grad(*ts):
     if not autograd.is_grad_enabled():
         return False
@@ -278,12 +303,16 @@ def relu(x):
 
 
 def silu(x):
+    if not _native("silu", x.device, "silu_backward"):
+        return _composites().silu(x)
     return _unary("silu", x, lambda g, out: _run1("silu_backward", [x.detach(), g]))
 
 
 def gelu(x, approximate="tanh"):
     if approximate != "tanh":
         raise ValueError(f"gelu: only approximate='tanh' is implemented, got {approximate!r}")
+    if not _native("gelu_tanh", x.device, "gelu_tanh_backward"):
+        return _composites().gelu_tanh(x)
     return _unary("gelu_tanh", x, lambda g, out: _run1("gelu_tanh_backward", [x.detach(), g]))
 
 
@@ -628,6 +657,8 @@ def layer_norm(x, weight, bias, eps=1e-5):
 def rms_norm(x, weight, eps=1e-5):
     if weight.dtype != x.dtype:
         weight = cast(weight, x.dtype)
+    if not _native("rmsnorm", x.device, "rmsnorm_backward"):
+        return _composites().rmsnorm(x, weight, float(eps))[0]
     out, rstd = _call("rmsnorm", [x, weight], [float(eps)])
     out = Tensor(out)
     if _needs_grad(x, weight):
@@ -644,6 +675,8 @@ def swiglu(gate, up):
     """silu(gate) * up."""
     if gate.dtype != up.dtype:
         gate, up = _promote(gate, up)
+    if not _native("swiglu", gate.device, "swiglu_backward"):
+        return _composites().swiglu(gate, up)
     out = _run1("swiglu", [gate, up])
     if _needs_grad(gate, up):
 
@@ -668,6 +701,8 @@ def dropout(x, p=0.5, training=True, generator=None):
 
 def rope(x, cos, sin):
     """Rotates interleaved pairs of x [B, T, H, D] by the angles whose cos/sin [T, D/2] are given."""
+    if not _native("rope", x.device):
+        return _composites().rope(x, cos, sin)
     out = _run1("rope", [x, cos, sin], [0])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (_run1("rope", [g, cos, sin], [1]),), "rope")
@@ -678,6 +713,8 @@ def scaled_dot_product_attention(q, k, v, is_causal=True, scale=None):
     """q [B, Hq, T, D], k, v [B, Hkv, S, D] with Hq a multiple of Hkv (grouped-query heads)."""
     q, k, v = _autocast(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if not _native("sdpa", q.device, "sdpa_backward"):
+        return _composites().sdpa(q, k, v, bool(is_causal), scale)[0]
     out, lse = _call("sdpa", [q, k, v], [int(is_causal), scale])
     out = Tensor(out)
     if _needs_grad(q, k, v):
@@ -696,6 +733,8 @@ def cross_entropy(logits, target, ignore_index=-100):
     if logits.ndim != 2:
         logits = logits.reshape(-1, logits.shape[-1])
         target = target.reshape(-1)
+    if not _native("cross_entropy", logits.device, "cross_entropy_backward"):
+        return _composites().cross_entropy(logits, target, ignore_index)[0]
     loss, lse = _call("cross_entropy", [logits, target], [ignore_index])
     loss = Tensor(loss)
     if _needs_grad(logits):

@@ -407,7 +407,8 @@ def from_numpy(arr, dtype=None, device="cpu", requires_grad=False):
     arr = np.asarray(arr)
     dtype = _native_dtype_of(arr, dtype)
     carrier = np.float32 if dtype == "bfloat16" else np.dtype(dtype)
-    t = Tensor(_C.from_numpy(np.ascontiguousarray(arr, dtype=carrier), dtype, device))
+    # ascontiguousarray makes 0-d arrays 1-d; keep the shape.
+    t = Tensor(_C.from_numpy(np.ascontiguousarray(arr, dtype=carrier).reshape(arr.shape), dtype, device))
     if requires_grad:
         t.requires_grad_()
     return t

@@ -2,7 +2,7 @@
 
 import math
 
-from infinitrain import _C, autograd
+from infinitrain import _C, autograd, composites
 from infinitrain import functional as F
 from infinitrain.tensor import Tensor, zeros
 
@@ -94,7 +94,10 @@ class AdamW(Optimizer):
             if p.grad is None:
                 continue
             g = p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype)
-            self._adamw([p._t, g._t, m._t, v._t], attrs)
+            if F._native("adamw_", p.device):
+                self._adamw([p._t, g._t, m._t, v._t], attrs)
+            else:
+                composites.adamw_(p, g, m, v, *attrs)
 
     def _state_tensors_live(self):
         out = {}

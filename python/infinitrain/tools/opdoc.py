@@ -1,6 +1,6 @@
 """Renders docs/ops.md from the op table in code (the single source).
 
-    ./bazelw run //python:opdoc > docs/ops.md
+./bazelw run //python:opdoc > docs/ops.md
 """
 
 from infinitrain import _C

@@ -1,0 +1,183 @@
+"""Composite definitions of the fused ops in terms of required ops.
+
+A provider without its own kernel for a fused op runs these instead; they are
+differentiable through the required ops' autograd. `op_composite(name)` also
+gives each fused op (backward ops included, derived by autograd of the forward
+composite) at the dispatcher level: native tensors and attributes in, native
+tensors out, as the conformance report runs them.
+"""
+
+import math
+
+import numpy as np
+
+from infinitrain import autograd
+from infinitrain import functional as F
+from infinitrain.tensor import Tensor, from_numpy
+
+
+def silu(x):
+    return F.mul(x, F.sigmoid(x))
+
+
+def gelu_tanh(x):
+    inner = F.affine(F.add(x, F.affine(F.pow(x, 3.0), 0.044715, 0.0)), math.sqrt(2.0 / math.pi), 0.0)
+    return F.mul(F.affine(x, 0.5, 0.0), F.affine(F.tanh(inner), 1.0, 1.0))
+
+
+def rmsnorm(x, weight, eps):
+    """Returns (out, rstd); rstd has x's shape without the last dim."""
+    xf = x if x.dtype != "bfloat16" else F.cast(x, "float32")
+    rstd = F.rsqrt(F.affine(F.mean(F.mul(xf, xf), -1, keepdim=True), 1.0, eps))
+    out = F.mul(F.mul(xf, rstd), F.cast(weight, xf.dtype) if weight.dtype != xf.dtype else weight)
+    return F.cast(out, x.dtype) if out.dtype != x.dtype else out, rstd.reshape(x.shape[:-1])
+
+
+def swiglu(gate, up):
+    return F.mul(F.silu(gate), up)
+
+
+def rope(x, cos, sin, inverse=False):
+    B, T, H, D = x.shape
+    pairs = x.reshape(B, T, H, D // 2, 2)
+    x0, x1 = F.slice(pairs, 4, 0, 1), F.slice(pairs, 4, 1, 2)
+    c = F.cast(cos, x.dtype).reshape(T, 1, D // 2, 1)
+    s = F.cast(sin, x.dtype).reshape(T, 1, D // 2, 1)
+    if inverse:
+        s = F.neg(s)
+    o0 = F.sub(F.mul(x0, c), F.mul(x1, s))
+    o1 = F.add(F.mul(x0, s), F.mul(x1, c))
+    return F.cat([o0, o1], dim=4).reshape(B, T, H, D)
+
+
+def _causal_mask(t, s, device):
+    return from_numpy(np.triu(np.ones((t, s), dtype=bool), 1), device=device)
+
+
+def sdpa(q, k, v, causal, scale):
+    """Returns (out, lse) for q [B, Hq, T, D], k, v [B, Hkv, S, D]."""
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if Hq != Hkv:  # grouped-query heads: repeat each kv head for its group
+        g = Hq // Hkv
+        k = k.reshape(B, Hkv, 1, S, D).expand(B, Hkv, g, S, D).reshape(B, Hq, S, D)
+        v = v.reshape(B, Hkv, 1, S, D).expand(B, Hkv, g, S, D).reshape(B, Hq, S, D)
+    scores = F.affine(F.matmul(q, k, False, True), scale, 0.0)
+    if causal:
+        scores = F.masked_fill(scores, _causal_mask(T, S, q.device), -math.inf)
+    stat = "float64" if q.dtype == "float64" else "float32"
+    sf = F.cast(scores, stat) if scores.dtype != stat else scores
+    m = F.amax(sf, -1, keepdim=True)
+    lse = F.add(F.log(F.sum(F.exp(F.sub(sf, m)), -1, keepdim=True)), m)
+    p = F.exp(F.sub(sf, lse))
+    p = F.cast(p, q.dtype) if p.dtype != q.dtype else p
+    return F.matmul(p, v), lse.reshape(B, Hq, T)
+
+
+def cross_entropy(logits, target, ignore_index):
+    """Returns (mean loss over rows whose target != ignore_index, lse [N])."""
+    N, V = logits.shape
+    stat = "float64" if logits.dtype == "float64" else "float32"
+    x = F.cast(logits, stat) if logits.dtype != stat else logits
+    m = F.amax(x, -1, keepdim=True)
+    lse = F.add(F.log(F.sum(F.exp(F.sub(x, m)), -1, keepdim=True)), m)
+    onehot = F.eq(from_numpy(np.arange(V, dtype=np.int64), device=logits.device).reshape(1, V), target.reshape(N, 1))
+    picked = F.sum(F.where(onehot, x, F.affine(x, 0.0, 0.0)), -1, keepdim=True)
+    valid = F.cast(F.ne(target, from_numpy(np.array(ignore_index, np.int64), device=logits.device)), stat)
+    count = F.clamp(F.sum(valid), 1.0, None)
+    loss = F.div(F.sum(F.mul(F.sub(lse, picked).reshape(N), valid)), count)
+    return loss, lse.reshape(N)
+
+
+def rmsnorm_backward(grad, x, weight, rstd):
+    """(dx, dweight) from the saved rstd: with xhat = x * rstd and dxhat = grad * weight,
+    dx = rstd * (dxhat - xhat * mean(dxhat * xhat)) and dweight = sum over rows of grad * xhat."""
+    stat = rstd.dtype
+    g, xf, w = (F.cast(t, stat) if t.dtype != stat else t for t in (grad, x, weight))
+    r = rstd.reshape(*rstd.shape, 1)
+    xhat = F.mul(xf, r)
+    dxhat = F.mul(g, w)
+    dx = F.mul(r, F.sub(dxhat, F.mul(xhat, F.mean(F.mul(dxhat, xhat), -1, keepdim=True))))
+    dw = F.sum(F.mul(g, xhat).reshape(-1, x.shape[-1]), 0)
+    return [F.cast(t, x.dtype) if t.dtype != x.dtype else t for t in (dx, dw)]
+
+
+@autograd.no_grad()
+def adamw_(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
+    """The adamw_ update in place, from required ops."""
+    g = F.cast(grad, m.dtype) if grad.dtype != m.dtype else grad
+    m.copy_(F.add(F.affine(m, beta1, 0.0), F.affine(g, 1.0 - beta1, 0.0)))
+    v.copy_(F.add(F.affine(v, beta2, 0.0), F.affine(F.mul(g, g), 1.0 - beta2, 0.0)))
+    mhat = F.affine(m, 1.0 / (1.0 - beta1**step), 0.0)
+    denom = F.affine(F.sqrt(F.affine(v, 1.0 / (1.0 - beta2**step), 0.0)), 1.0, eps)
+    p = F.cast(param, m.dtype) if param.dtype != m.dtype else param
+    p = F.sub(F.affine(p, 1.0 - lr * weight_decay, 0.0), F.affine(F.div(mhat, denom), lr, 0.0))
+    param.copy_(p)
+
+
+# ---- dispatcher-level composites: (native inputs, attrs) -> native outputs ----
+
+_FORWARD = {
+    "silu": lambda ins, a: [silu(ins[0])],
+    "gelu_tanh": lambda ins, a: [gelu_tanh(ins[0])],
+    "rmsnorm": lambda ins, a: list(rmsnorm(ins[0], ins[1], a[0])),
+    "swiglu": lambda ins, a: [swiglu(ins[0], ins[1])],
+    "rope": lambda ins, a: [rope(ins[0], ins[1], ins[2], bool(a[0]))],
+    "sdpa": lambda ins, a: list(sdpa(ins[0], ins[1], ins[2], bool(a[0]), a[1])),
+    "cross_entropy": lambda ins, a: list(cross_entropy(ins[0], ins[1], a[0])),
+}
+
+# backward op -> (forward op, positions of the forward's inputs in the backward's inputs, grad position,
+#                 forward inputs that get gradients)
+_BACKWARD = {
+    "silu_backward": ("silu", [0], 1, [0]),
+    "gelu_tanh_backward": ("gelu_tanh", [0], 1, [0]),
+    "swiglu_backward": ("swiglu", [0, 1], 2, [0, 1]),
+    "sdpa_backward": ("sdpa", [1, 2, 3], 0, [0, 1, 2]),
+    "cross_entropy_backward": ("cross_entropy", [0, 1], 3, [0]),
+}
+
+
+def _wrap(ts):
+    return [Tensor(t) for t in ts]
+
+
+def op_composite(name):
+    """The composite of fused op `name` at the dispatcher level, or None when it has none."""
+    if name == "adamw_":
+
+        def run(ins, attrs):
+            adamw_(*_wrap(ins), *attrs)
+            return []
+
+        return run
+    if name == "rmsnorm_backward":
+
+        def run(ins, attrs):
+            with autograd.no_grad():
+                return [t._t for t in rmsnorm_backward(*_wrap(ins))]
+
+        return run
+    if name in _FORWARD:
+        fn = _FORWARD[name]
+
+        def run(ins, attrs):
+            with autograd.no_grad():
+                return [t._t for t in fn(_wrap(ins), attrs)]
+
+        return run
+    if name in _BACKWARD:
+        fwd, positions, grad_pos, wrt = _BACKWARD[name]
+        fn = _FORWARD[fwd]
+
+        def run(ins, attrs):
+            ins = _wrap(ins)
+            fwd_in = [ins[p] for p in positions]
+            fwd_in = [t.detach().requires_grad_() if i in wrt else t for i, t in enumerate(fwd_in)]
+            with autograd.enable_grad():
+                outs = fn(fwd_in, attrs)
+                outs[0].backward(ins[grad_pos])
+            return [fwd_in[i].grad._t for i in wrt]
+
+        return run
+    return None
