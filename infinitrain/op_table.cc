@@ -225,6 +225,48 @@ SliceSpec NormalizeSlice(const char* op, const Shape& s, int64_t dim, int64_t st
     return r;
 }
 
+Out SdpaMeta(const char* op, const In& in, const Attrs& a) {
+    CheckAttrs(op, a, 2, "causal, scale");
+    Attr<int64_t>(op, a, 0, "causal");
+    FloatAttr(op, a, 1, "scale");
+    CheckFloat(op, in[0], "q");
+    for (int k = 0; k < 3; ++k) CheckRank(op, in[k], 4, "q, k and v");
+    CheckSameDtype(op, in[0], in[1]);
+    CheckSameDtype(op, in[0], in[2]);
+    CheckSameShape(op, in[1], in[2], "k and v");
+    const Shape& q = in[0].shape();
+    const Shape& k = in[1].shape();
+    if (q[0] != k[0] || q[3] != k[3] || k[1] == 0 || q[1] % k[1] != 0) {
+        OpError(op, "q " + ShapeToString(q) + " and k " + ShapeToString(k) +
+                        " must share batch and head dim, with q heads a multiple of k heads");
+    }
+    if (Attr<int64_t>(op, a, 0, "causal") && q[2] != k[2]) {
+        OpError(op, "causal attention needs equal query and key lengths");
+    }
+    return {{q, in[0].dtype()}, {Shape{q[0], q[1], q[2]}, StatType(in[0].dtype())}};
+}
+
+Out CrossEntropyMeta(const char* op, const In& in, const Attrs& a) {
+    CheckAttrs(op, a, 1, "ignore_index");
+    Attr<int64_t>(op, a, 0, "ignore_index");
+    CheckFloat(op, in[0], "logits");
+    CheckRank(op, in[0], 2, "logits");
+    CheckDtype(op, in[1], DataType::kInt64, "target");
+    if (in[1].shape() != Shape{in[0].size(0)}) {
+        OpError(op,
+                "target must have shape [" + std::to_string(in[0].size(0)) + "], got " + ShapeToString(in[1].shape()));
+    }
+    DataType st = StatType(in[0].dtype());
+    return {{Shape{}, st}, {Shape{in[0].size(0)}, st}};
+}
+
+// Saved statistics: one value per row of x, float32 (float64 for float64 x).
+void CheckStats(const char* op, const Tensor& x, const Tensor& st, const char* what) {
+    Shape rows(x.shape().begin(), x.shape().end() - 1);
+    if (st.shape() != rows) OpError(op, std::string(what) + " must have shape " + ShapeToString(rows));
+    CheckDtype(op, st, StatType(x.dtype()), what);
+}
+
 std::vector<OpSchema> Schemas() {
     std::vector<OpSchema> t;
     const OpTier R = OpTier::kRequired, F = OpTier::kFused;
@@ -972,33 +1014,34 @@ std::vector<OpSchema> Schemas() {
                  2,
                  2,
                  {}});
-    t.push_back({"layernorm",
-                 R,
-                 "x, weight, bias",
-                 "eps:float",
-                 "out, mean, rstd",
-                 kFloatTypes,
-                 "layernorm_backward",
-                 "(x - mean) * rstd * weight + bias over the last dim; mean, rstd [...] in float32",
-                 META({
-                     CheckAttrs("layernorm", a, 1, "eps");
-                     CheckFloat("layernorm", in[0], "x");
-                     if (in[0].dim() < 1) OpError("layernorm", "x must be at least 1-d");
-                     Shape c{in[0].size(-1)};
-                     for (int k = 1; k < 3; ++k) {
-                         CheckSameDtype("layernorm", in[0], in[k]);
-                         if (in[k].shape() != c) {
-                             OpError("layernorm", "weight and bias must have shape " + ShapeToString(c) + ", got " +
-                                                      ShapeToString(in[k].shape()));
-                         }
-                     }
-                     Shape rows(in[0].shape().begin(), in[0].shape().end() - 1);
-                     DataType st = StatType(in[0].dtype());
-                     return {{in[0].shape(), in[0].dtype()}, {rows, st}, {rows, st}};
-                 }),
-                 3,
-                 3,
-                 {}});
+    t.push_back(
+        {"layernorm",
+         R,
+         "x, weight, bias",
+         "eps:float",
+         "out, mean, rstd",
+         kFloatTypes,
+         "layernorm_backward",
+         "(x - mean) * rstd * weight + bias over the last dim; mean, rstd [...] in float32 (float64 for float64 x)",
+         META({
+             CheckAttrs("layernorm", a, 1, "eps");
+             CheckFloat("layernorm", in[0], "x");
+             if (in[0].dim() < 1) OpError("layernorm", "x must be at least 1-d");
+             Shape c{in[0].size(-1)};
+             for (int k = 1; k < 3; ++k) {
+                 CheckSameDtype("layernorm", in[0], in[k]);
+                 if (in[k].shape() != c) {
+                     OpError("layernorm", "weight and bias must have shape " + ShapeToString(c) + ", got " +
+                                              ShapeToString(in[k].shape()));
+                 }
+             }
+             Shape rows(in[0].shape().begin(), in[0].shape().end() - 1);
+             DataType st = StatType(in[0].dtype());
+             return {{in[0].shape(), in[0].dtype()}, {rows, st}, {rows, st}};
+         }),
+         3,
+         3,
+         {}});
     t.push_back({"layernorm_backward",
                  R,
                  "grad, x, weight, mean, rstd",
@@ -1009,9 +1052,16 @@ std::vector<OpSchema> Schemas() {
                  "gradients of layernorm from the saved mean and rstd",
                  META({
                      CheckAttrs("layernorm_backward", a, 0, "");
+                     CheckFloat("layernorm_backward", in[1], "x");
                      CheckSameShape("layernorm_backward", in[0], in[1], "grad and x");
                      CheckSameDtype("layernorm_backward", in[0], in[1]);
+                     CheckSameDtype("layernorm_backward", in[1], in[2]);
+                     if (in[1].dim() < 1) OpError("layernorm_backward", "x must be at least 1-d");
                      Shape c{in[1].size(-1)};
+                     if (in[2].shape() != c)
+                         OpError("layernorm_backward", "weight must have shape " + ShapeToString(c));
+                     CheckStats("layernorm_backward", in[1], in[3], "mean");
+                     CheckStats("layernorm_backward", in[1], in[4], "rstd");
                      return {{in[1].shape(), in[1].dtype()}, {c, in[1].dtype()}, {c, in[1].dtype()}};
                  }),
                  5,
@@ -1024,7 +1074,7 @@ std::vector<OpSchema> Schemas() {
                  "out, rstd",
                  kFloatTypes,
                  "rmsnorm_backward",
-                 "x * rsqrt(mean(x^2) + eps) * weight over the last dim; rstd [...] in float32",
+                 "x * rsqrt(mean(x^2) + eps) * weight over the last dim; rstd [...] in float32 (float64 for float64 x)",
                  META({
                      CheckAttrs("rmsnorm", a, 1, "eps");
                      CheckFloat("rmsnorm", in[0], "x");
@@ -1050,9 +1100,15 @@ std::vector<OpSchema> Schemas() {
                  "gradients of rmsnorm from the saved rstd",
                  META({
                      CheckAttrs("rmsnorm_backward", a, 0, "");
+                     CheckFloat("rmsnorm_backward", in[1], "x");
                      CheckSameShape("rmsnorm_backward", in[0], in[1], "grad and x");
                      CheckSameDtype("rmsnorm_backward", in[0], in[1]);
-                     return {{in[1].shape(), in[1].dtype()}, {in[2].shape(), in[1].dtype()}};
+                     CheckSameDtype("rmsnorm_backward", in[1], in[2]);
+                     if (in[1].dim() < 1) OpError("rmsnorm_backward", "x must be at least 1-d");
+                     Shape c{in[1].size(-1)};
+                     if (in[2].shape() != c) OpError("rmsnorm_backward", "weight must have shape " + ShapeToString(c));
+                     CheckStats("rmsnorm_backward", in[1], in[3], "rstd");
+                     return {{in[1].shape(), in[1].dtype()}, {c, in[1].dtype()}};
                  }),
                  4,
                  4,
@@ -1133,27 +1189,8 @@ std::vector<OpSchema> Schemas() {
                  kFloatTypes,
                  "sdpa_backward",
                  "softmax(q k^T * scale [+ causal mask]) v; q [B, Hq, T, D], k, v [B, Hkv, S, D], Hq % Hkv == 0 "
-                 "(grouped-query heads); lse [B, Hq, T] in float32",
-                 META({
-                     CheckAttrs("sdpa", a, 2, "causal, scale");
-                     Attr<int64_t>("sdpa", a, 0, "causal");
-                     FloatAttr("sdpa", a, 1, "scale");
-                     CheckFloat("sdpa", in[0], "q");
-                     for (int k = 0; k < 3; ++k) CheckRank("sdpa", in[k], 4, "q, k and v");
-                     CheckSameDtype("sdpa", in[0], in[1]);
-                     CheckSameDtype("sdpa", in[0], in[2]);
-                     CheckSameShape("sdpa", in[1], in[2], "k and v");
-                     const Shape& q = in[0].shape();
-                     const Shape& k = in[1].shape();
-                     if (q[0] != k[0] || q[3] != k[3] || k[1] == 0 || q[1] % k[1] != 0) {
-                         OpError("sdpa", "q " + ShapeToString(q) + " and k " + ShapeToString(k) +
-                                             " must share batch and head dim, with q heads a multiple of k heads");
-                     }
-                     if (Attr<int64_t>("sdpa", a, 0, "causal") && q[2] != k[2]) {
-                         OpError("sdpa", "causal attention needs equal query and key lengths");
-                     }
-                     return {{q, in[0].dtype()}, {Shape{q[0], q[1], q[2]}, StatType(in[0].dtype())}};
-                 }),
+                 "(grouped-query heads); lse [B, Hq, T] in float32 (float64 for float64 inputs)",
+                 META({ return SdpaMeta("sdpa", in, a); }),
                  3,
                  3,
                  {}});
@@ -1167,8 +1204,15 @@ std::vector<OpSchema> Schemas() {
          "",
          "gradients of sdpa from its saved out and lse",
          META({
-             CheckAttrs("sdpa_backward", a, 2, "causal, scale");
+             Out fwd = SdpaMeta("sdpa_backward", {in[1], in[2], in[3]}, a);
              CheckSameShape("sdpa_backward", in[0], in[1], "grad and q");
+             CheckSameShape("sdpa_backward", in[4], in[1], "out and q");
+             CheckSameDtype("sdpa_backward", in[0], in[1]);
+             CheckSameDtype("sdpa_backward", in[4], in[1]);
+             if (in[5].shape() != fwd[1].shape) {
+                 OpError("sdpa_backward", "lse must have shape " + ShapeToString(fwd[1].shape));
+             }
+             CheckDtype("sdpa_backward", in[5], fwd[1].dtype, "lse");
              return {{in[1].shape(), in[1].dtype()}, {in[2].shape(), in[2].dtype()}, {in[3].shape(), in[3].dtype()}};
          }),
          6,
@@ -1182,20 +1226,8 @@ std::vector<OpSchema> Schemas() {
                  kFloatTypes,
                  "cross_entropy_backward",
                  "mean over rows with target != ignore_index of lse(logits) - logits[target]; logits [N, V], target "
-                 "int64 [N]; loss 0-d and lse [N] in float32",
-                 META({
-                     CheckAttrs("cross_entropy", a, 1, "ignore_index");
-                     Attr<int64_t>("cross_entropy", a, 0, "ignore_index");
-                     CheckFloat("cross_entropy", in[0], "logits");
-                     CheckRank("cross_entropy", in[0], 2, "logits");
-                     CheckDtype("cross_entropy", in[1], DataType::kInt64, "target");
-                     if (in[1].shape() != Shape{in[0].size(0)}) {
-                         OpError("cross_entropy", "target must have shape [" + std::to_string(in[0].size(0)) +
-                                                      "], got " + ShapeToString(in[1].shape()));
-                     }
-                     DataType st = StatType(in[0].dtype());
-                     return {{Shape{}, st}, {Shape{in[0].size(0)}, st}};
-                 }),
+                 "int64 [N]; loss 0-d and lse [N] in float32 (float64 for float64 logits)",
+                 META({ return CrossEntropyMeta("cross_entropy", in, a); }),
                  2,
                  2,
                  {}});
@@ -1208,8 +1240,16 @@ std::vector<OpSchema> Schemas() {
                  "",
                  "grad * (softmax(logits) - onehot(target)) / count, zero on ignored rows",
                  META({
-                     CheckAttrs("cross_entropy_backward", a, 1, "ignore_index");
-                     CheckFloat("cross_entropy_backward", in[0], "logits");
+                     Out fwd = CrossEntropyMeta("cross_entropy_backward", {in[0], in[1]}, a);
+                     for (int k = 2; k < 4; ++k) {
+                         const TensorMeta& want = fwd[k == 2 ? 1 : 0];
+                         const char* what = k == 2 ? "lse" : "grad";
+                         CheckDtype("cross_entropy_backward", in[k], want.dtype, what);
+                         if (in[k].shape() != want.shape) {
+                             OpError("cross_entropy_backward",
+                                     std::string(what) + " must have shape " + ShapeToString(want.shape));
+                         }
+                     }
                      return {{in[0].shape(), in[0].dtype()}};
                  }),
                  4,

@@ -15,7 +15,9 @@ V, T = 61, 16
 
 def tiny(kind):
     if kind == "gpt2":
-        return GPT2(GPT2Config(block_size=T, vocab_size=V, padded_vocab_size=64, n_layer=2, n_head=2, n_embd=32), DEVICE)
+        return GPT2(
+            GPT2Config(block_size=T, vocab_size=V, padded_vocab_size=64, n_layer=2, n_head=2, n_embd=32), DEVICE
+        )
     # norm_eps exactly representable in float32, so a model re-read from an llm.c file is identical.
     cfg = LLaMA3Config(T, V, 2, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=2.0**-17, rope_theta=1e4)
     return LLaMA3(cfg, DEVICE)

@@ -159,14 +159,14 @@ def test_cross_entropy_bad_target(op, bad):
         ("cross_entropy", lambda: [f32(3, 5), i64([0, 1])], r"target must have shape \[3\]"),
         ("cross_entropy", lambda: [f32(15), i64([0])], "logits must be 2-d"),
         ("cross_entropy", lambda: [to_device(np.ones((3, 5)), "int64"), i64([0, 1, 2])], "must be float32"),
-        ("cross_entropy_backward", lambda: [f32(3, 5), i64([0, 1, 2]), f32(4), scalar()], r"lse must be float32\[3\]"),
+        ("cross_entropy_backward", lambda: [f32(3, 5), i64([0, 1, 2]), f32(4), scalar()], r"lse must have shape \[3\]"),
         (
             "cross_entropy_backward",
             lambda: [f32(3, 5), i64([0, 1, 2]), to_device(randn(3), "float64"), scalar()],
             "lse must be float32",
         ),
-        ("cross_entropy_backward", lambda: [f32(3, 5), i64([0, 1]), f32(3), scalar()], r"target must be int64\[3\]"),
-        ("cross_entropy_backward", lambda: [f32(3, 5), i64([0, 1, 2]), f32(3), f32(2)], "grad must hold one value"),
+        ("cross_entropy_backward", lambda: [f32(3, 5), i64([0, 1]), f32(3), scalar()], r"target must have shape \[3\]"),
+        ("cross_entropy_backward", lambda: [f32(3, 5), i64([0, 1, 2]), f32(3), f32(2)], r"grad must have shape \[\]"),
         ("cross_entropy_backward", lambda: [f32(15), i64([0]), f32(1), scalar()], "logits must be 2-d"),
     ],
 )

@@ -64,7 +64,9 @@ def test_adamw(shape, hyper, dtype):
 
 def test_adamw_first_step_moves_by_lr():
     """With zero state, the first step is param * (1 - lr * wd) - lr * sign(grad) (up to eps)."""
-    p, g = randn(50), randn(50)
+    gen = rng()
+    p, g = randn(50, gen=gen), randn(50, gen=gen)
+    g = np.sign(g) * (0.1 + np.abs(g))  # away from 0, where eps would matter
     tp = to_device(p, "float64")
     z = [to_device(np.zeros(50), "float64") for _ in range(2)]
     run("adamw_", [tp, to_device(g, "float64"), *z], [0.1, 0.9, 0.999, 1e-12, 0.5, 1])

@@ -14,7 +14,9 @@ import infinitrain
 from infinitrain.data import write_tokens
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(infinitrain.__file__)))
-STEP = re.compile(r"^step (\d+)/(\d+) \| train loss ([0-9.]+) \| lr \S+ \| norm \S+ \| \S+ ms \| \d+ tok/s \| mem \S+ MiB$")
+STEP = re.compile(
+    r"^step (\d+)/(\d+) \| train loss ([0-9.]+) \| lr \S+ \| norm \S+ \| \S+ ms \| \d+ tok/s \| mem \S+ MiB$"
+)
 
 
 def run_train(*flags, check=True):
@@ -72,7 +74,9 @@ def test_corrupt_checkpoint_is_refused(corpus, tmp_path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    p = run_train(f"--input_bin={corpus}", "--num_iteration=4", *TINY, f"--checkpoint_dir={ckpt}", "--resume", check=False)
+    p = run_train(
+        f"--input_bin={corpus}", "--num_iteration=4", *TINY, f"--checkpoint_dir={ckpt}", "--resume", check=False
+    )
     assert p.returncode != 0
     assert "corrupt" in p.stderr and "Traceback" not in p.stderr
 
