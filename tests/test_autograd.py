@@ -3,9 +3,9 @@ of infinitrain.functional, on fresh random inputs, including broadcasting."""
 
 import numpy as np
 import pytest
-from harness import DEVICE, rng
 
 import infinitrain as it
+from harness import DEVICE, rng
 from infinitrain import functional as F
 
 

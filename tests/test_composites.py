@@ -4,9 +4,9 @@ Python layer routes a fused op to its composite."""
 
 import numpy as np
 import pytest
-from harness import DEVICE, TOL, rng, round_to, to_device
 
 import infinitrain as it
+from harness import DEVICE, TOL, rng, round_to, to_device
 from infinitrain import _C
 from infinitrain import functional as F
 

@@ -5,10 +5,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-from harness import DEVICE, rng
 
 import infinitrain as it
-from infinitrain.models import GPT2, LLaMA3, GPT2Config, LLaMA3Config
+from harness import DEVICE, rng
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
 
 V, T = 61, 16
 

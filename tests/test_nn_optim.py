@@ -5,9 +5,9 @@ import math
 
 import numpy as np
 import pytest
-from harness import DEVICE, assert_close, rng
 
 import infinitrain as it
+from harness import DEVICE, assert_close, rng
 from infinitrain import nn
 from infinitrain.optim import SGD, AdamW, WarmupCosine, clip_grad_norm_, warmup_cosine_lr
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from harness import DEVICE, assert_close, rng, round_to, run, to_device
 
+from harness import DEVICE, assert_close, rng, round_to, run, to_device
 from infinitrain import _C
 
 ALL = ["bool", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]

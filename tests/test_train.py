@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
-from harness import DEVICE, rng
 
 import infinitrain
+from harness import DEVICE, rng
 from infinitrain.data import write_tokens
 
 PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(infinitrain.__file__)))
