@@ -53,8 +53,14 @@ def to_device(a, dtype, device=None):
 
 
 def run(op, inputs, attrs=()):
-    """Runs one op through the dispatcher; returns the list of output tensors."""
-    return _C.op(op)(list(inputs), list(attrs))
+    """Runs one op through the dispatcher; returns the list of output tensors.
+
+    Synchronises the device afterwards: a provider reports kernel errors (a bad
+    index, say) asynchronously, at the next synchronisation, as GPUs do."""
+    out = _C.op(op)(list(inputs), list(attrs))
+    if DEVICE != "cpu":
+        _C.synchronize(DEVICE)
+    return out
 
 
 def assert_close(actual, expected, dtype, rtol=None, atol=None, what=""):

@@ -144,7 +144,8 @@ def test_model_input_errors():
     with pytest.raises(ValueError, match="exceeds block_size"):
         m(it.from_numpy(np.zeros((1, T + 1), np.int64), device=DEVICE))
     with pytest.raises(IndexError, match="out of range"):
-        m(it.from_numpy(np.full((1, 4), 64, np.int64), device=DEVICE))
+        # .numpy() synchronises: devices report kernel errors asynchronously.
+        m(it.from_numpy(np.full((1, 4), 64, np.int64), device=DEVICE))[0].numpy()
     with pytest.raises(ValueError, match="divisible"):
         GPT2Config(n_embd=30, n_head=4)
     with pytest.raises(ValueError, match="multiple of n_kv_head"):

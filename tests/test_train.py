@@ -9,18 +9,17 @@ import sys
 import numpy as np
 import pytest
 
-import infinitrain
 from harness import DEVICE, rng
 from infinitrain.data import write_tokens
 
-PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(infinitrain.__file__)))
 STEP = re.compile(
     r"^step (\d+)/(\d+) \| train loss ([0-9.]+) \| lr \S+ \| norm \S+ \| \S+ ms \| \d+ tok/s \| mem \S+ MiB$"
 )
 
 
 def run_train(*flags, check=True):
-    env = dict(os.environ, PYTHONPATH=PKG_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # The child sees what this process sees: the package and any provider modules.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env.pop("BUILD_WORKING_DIRECTORY", None)
     cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", *flags]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
