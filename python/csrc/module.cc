@@ -196,6 +196,8 @@ PYBIND11_MODULE(_C, m) {
         .def_property_readonly("device", [](const Tensor& t) { return t.device().ToString(); })
         .def_property_readonly("numel", &Tensor::numel)
         .def_property_readonly("nbytes", &Tensor::nbytes)
+        // The raw address (a device address for device tensors): for tests and interop.
+        .def_property_readonly("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()); })
         .def("reshape", &Tensor::Reshape)
         .def("to", [](const Tensor& t, const std::string& d) { return t.To(Dev(d)); })
         .def("numpy", &ToNumpy)
