@@ -12,13 +12,13 @@
 // The [T, S] products run on OpenBLAS in float32 (float64 for float64 inputs); bfloat16 heads are widened to
 // float32 scratch. Work splits over (b, h) forward and over (b, kv head) backward, so each thread owns the dk, dv
 // it accumulates; OpenBLAS runs single-threaded inside those parallel loops.
-#include <cblas.h>
 
 #include <climits>
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
+#include "infinitrain/kernels/cpu/blas.h"
 #include "infinitrain/kernels/cpu/common.h"
 
 namespace infinitrain::cpu {
@@ -57,41 +57,8 @@ void RopeKernel(KernelContext& ctx) {
 
 // ---- sdpa -------------------------------------------------------------------
 
-// C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major, contiguous operands; handles the empty cases BLAS rejects.
-template <typename C>
-void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a, const C* b, C beta, C* c) {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        for (int64_t i = 0; i < m * n; ++i) c[i] = beta == C(0) ? C(0) : beta * c[i];
-        return;
-    }
-    int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n), ldc = static_cast<int>(n);
-    CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<C, float>) {
-        cblas_sgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, lda,
-                    b, ldb, beta, c, ldc);
-    } else {
-        cblas_dgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, lda,
-                    b, ldb, beta, c, ldc);
-    }
-}
-
-// While alive, OpenBLAS runs single-threaded so that OpenMP threads can each call it without nesting thread pools.
-class BlasSingleThread {
-public:
-    BlasSingleThread() : saved_(openblas_get_num_threads()) {
-        if (saved_ != 1) openblas_set_num_threads(1);
-    }
-    ~BlasSingleThread() {
-        if (saved_ != 1) openblas_set_num_threads(saved_);
-    }
-
-private:
-    int saved_;
-};
-
-// Runs fn(item) for item in [0, n): across OpenMP threads (OpenBLAS single-threaded) when there is an item per
-// thread, else serially with OpenBLAS threading each product.
+// Runs fn(item) for item in [0, n): across OpenMP threads when there is an item per
+// thread, else serially with Gemm splitting each product's rows.
 template <typename F>
 void ForEachHead(int64_t n, int64_t work_per_item, F&& fn) {
     int64_t nt = omp_get_max_threads();
@@ -99,7 +66,6 @@ void ForEachHead(int64_t n, int64_t work_per_item, F&& fn) {
         for (int64_t i = 0; i < n; ++i) fn(i);
         return;
     }
-    BlasSingleThread single;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) fn(i);
 }

@@ -5,35 +5,16 @@
 //   linear(x, weight, bias?): out[R, O] = x[R, I] @ weight[O, I]^T + bias[O], R = the product of x's leading dims.
 // float32 and float64 call sgemm/dgemm on the tensors directly; bfloat16 operands are widened to float32 scratch,
 // multiplied with sgemm (float accumulation) and rounded back to bfloat16.
-#include <cblas.h>
 
 #include <climits>
 #include <type_traits>
 #include <vector>
 
+#include "infinitrain/kernels/cpu/blas.h"
 #include "infinitrain/kernels/cpu/common.h"
 
 namespace infinitrain::cpu {
 namespace {
-
-// C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major. Handles the empty cases BLAS rejects (K == 0 gives lda 0).
-template <typename C>
-void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a, const C* b, C beta, C* c) {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        for (int64_t i = 0; i < m * n; ++i) c[i] = beta == C(0) ? C(0) : beta * c[i];
-        return;
-    }
-    int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n), ldc = static_cast<int>(n);
-    CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<C, float>) {
-        cblas_sgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, lda,
-                    b, ldb, beta, c, ldc);
-    } else {
-        cblas_dgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, lda,
-                    b, ldb, beta, c, ldc);
-    }
-}
 
 void CheckBlasSize(const char* op, std::initializer_list<int64_t> dims) {
     for (int64_t d : dims) {
@@ -41,20 +22,6 @@ void CheckBlasSize(const char* op, std::initializer_list<int64_t> dims) {
             OpError(op, "matrix dimension " + std::to_string(d) + " exceeds the BLAS limit " + std::to_string(INT_MAX));
     }
 }
-
-// While alive, OpenBLAS runs single-threaded so that OpenMP threads can each call it without nesting thread pools.
-class BlasSingleThread {
-public:
-    BlasSingleThread() : saved_(openblas_get_num_threads()) {
-        if (saved_ != 1) openblas_set_num_threads(1);
-    }
-    ~BlasSingleThread() {
-        if (saved_ != 1) openblas_set_num_threads(saved_);
-    }
-
-private:
-    int saved_;
-};
 
 // Widens a tensor to the compute type: the tensor's own data for float32/float64, a converted copy for bfloat16.
 template <typename T, typename C = Acc<T>>
@@ -122,7 +89,7 @@ void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, 
                  const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
     int64_t count = static_cast<int64_t>(ao.size());
     int64_t per = m * n * k, nt = omp_get_max_threads();
-    // Many small products: one thread per product. Few or big ones: OpenBLAS threads each product itself.
+    // Many small products: one thread per product. Few or big ones: Gemm splits each product's rows.
     bool batch_parallel = nt > 1 && count >= nt && count * per >= (1 << 16) && (per <= (1 << 21) || count >= 4 * nt);
     auto one = [&](int64_t i) {
         Gemm<C>(ta, tb, m, n, k, C(1), a + ao[i] * m * k, b + bo[i] * k * n, C(0), c + i * m * n);
@@ -131,7 +98,6 @@ void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, 
         for (int64_t i = 0; i < count; ++i) one(i);
         return;
     }
-    BlasSingleThread single;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) one(i);
 }

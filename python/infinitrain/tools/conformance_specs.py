@@ -1,0 +1,645 @@
+"""Conformance specs: for every op in the op table, an input generator and a float64 NumPy reference.
+
+``make(gen, dtype)`` returns ``(inputs, attrs)``: inputs are ``(array, dtype)`` pairs in the op's input
+order, float arrays as float64 at any precision (the report rounds each to its dtype, and both the kernel
+and the reference see the rounded values). ``ref(xs, attrs, dtype)`` gets those rounded arrays and returns
+one expected value per output, or, for in-place ops, per written input in the table's ``inplace`` order.
+A float ndarray is expected in the case dtype; bool and integer arrays must match exactly; an
+``(array, dtype)`` pair names another dtype (float32 statistics, cast targets).
+"""
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from infinitrain import _C
+
+FLOATS = ("float32", "bfloat16", "float64")
+SHAPE = (2, 3, 17)
+
+
+class Spec(NamedTuple):
+    make: Callable
+    ref: Callable
+    extra: tuple = ()  # non-float dtypes worth a case, when the table accepts them
+
+
+def stat(dtype):
+    """Saved statistics (lse, mean, rstd, optimizer moments) are float32, float64 for float64 inputs."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def round_to(a, dtype):
+    """`a` as the kernel sees it in `dtype`, held as float64 (or bool/int64)."""
+    a = np.asarray(a)
+    if dtype == "bool":
+        return a.astype(bool)
+    if dtype.startswith("int") or dtype == "uint8":
+        return a.astype(np.int64)
+    if dtype == "bfloat16":  # the core's own float -> bfloat16 rounding (nearest even)
+        return _C.from_numpy(np.array(a, dtype=np.float32, order="C"), "bfloat16", "cpu").numpy().astype(np.float64)
+    return a.astype(dtype).astype(np.float64)
+
+
+# ---- input helpers ----
+
+
+def _randn(gen, shape=SHAPE, scale=1.0):
+    return gen.standard_normal(shape) * scale
+
+
+def _pos(gen, shape=SHAPE):
+    return np.exp(gen.standard_normal(shape))
+
+
+def _away(gen, shape=SHAPE):
+    """|x| in [0.5, 2]: safe divisors."""
+    return gen.uniform(0.5, 2.0, shape) * gen.choice([-1.0, 1.0], shape)
+
+
+def _any(gen, dtype, shape=SHAPE):
+    """Values for any dtype: random bools, small integers, or floats."""
+    if dtype == "bool":
+        return gen.random(shape) < 0.5
+    if dtype.startswith("int"):
+        return gen.integers(-100, 100, shape)
+    return _randn(gen, shape, 3.0)
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))  # no overflow in the tails
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _silu_grad(x):
+    s = _sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+_K0, _K1 = math.sqrt(2.0 / math.pi), 0.044715
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(_K0 * (x + _K1 * x**3)))
+
+
+def _gelu_grad(x):
+    t = np.tanh(_K0 * (x + _K1 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3.0 * _K1 * x * x)
+
+
+def _axis(dims):
+    return tuple(dims) if dims else None
+
+
+def _slicer(ndim, dim, start, end, step):
+    s = [slice(None)] * ndim
+    s[dim] = slice(start, end, step)
+    return tuple(s)
+
+
+# ---- counter-based random numbers (the formula at the top of infinitrain/kernels/cpu/random.cc) ----
+
+_G = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z):
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _u(seed, offset, n, bits53, stream=0):
+    """U[0, 1) of counters offset .. offset + n - 1; uint64 array arithmetic wraps mod 2^64 like the kernel."""
+    key = _mix64(np.array([(seed + (stream + 1) * int(_G)) % 2**64], dtype=np.uint64))
+    b = _mix64(key + (np.uint64(offset) + np.arange(n, dtype=np.uint64)) * _G)
+    return (b >> np.uint64(11)) * 2.0**-53 if bits53 else (b >> np.uint64(40)) * 2.0**-24
+
+
+def _seed_offset(gen):
+    return [int(gen.integers(0, 2**62)), int(gen.integers(0, 2**40))]
+
+
+def _random_fill(draw):
+    """An in-place generator: x starts as NaN so unwritten elements show; draw(attrs, dtype, n) is the formula."""
+
+    def make(gen, d):
+        return [(np.full(SHAPE, np.nan), d)], [0.25, 1.5] + _seed_offset(gen)
+
+    def ref(xs, at, d):
+        return [draw(at, d, xs[0].size).reshape(xs[0].shape)]
+
+    return Spec(make, ref)
+
+
+def _normal(at, d, n):
+    mean, std, seed, offset = at
+    a = 1.0 - _u(seed, offset, n, True, stream=1)
+    t = _u(seed, offset, n, True, stream=2)
+    return mean + std * (np.sqrt(-2.0 * np.log(a)) * np.cos(2.0 * np.pi * t))
+
+
+def _uniform(at, d, n):
+    low, high, seed, offset = at
+    return low + (high - low) * _u(seed, offset, n, d == "float64")
+
+
+def _dropout_ref(xs, at, d):
+    p, seed, offset = at
+    x = xs[0]
+    mask = (_u(seed, offset, x.size, d == "float64") >= p).reshape(x.shape)
+    return [x * np.where(mask, 1.0 / (1.0 - p), 0.0), mask]
+
+
+# ---- families ----
+
+
+def _unary(fn, domain="any"):
+    def make(gen, d):
+        return [(_pos(gen) if domain == "pos" else _randn(gen, scale=2.0), d)], []
+
+    return Spec(make, lambda xs, at, d: [fn(xs[0])])
+
+
+def _scalar_op(fn, attrs, domain="any"):
+    def make(gen, d):
+        return [(_pos(gen) if domain == "pos" else _randn(gen, scale=2.0), d)], list(attrs)
+
+    return Spec(make, lambda xs, at, d: [fn(xs[0], *at)])
+
+
+def _unary_backward(first, dfdx):
+    """first(x) is the saved tensor the kernel takes (forward output or input); dfdx(first) the derivative."""
+
+    def make(gen, d):
+        x = _randn(gen, scale=2.0)
+        return [(first(x), d), (_randn(gen), d)], []
+
+    return Spec(make, lambda xs, at, d: [xs[1] * dfdx(xs[0])])
+
+
+def _binary(fn):
+    def make(gen, d):  # broadcasting [2, 3, 17] with [3, 1]
+        return [(_randn(gen), d), (_away(gen, (3, 1)) if fn is np.divide else _randn(gen, (3, 1)), d)], []
+
+    return Spec(make, lambda xs, at, d: [fn(xs[0], xs[1])])
+
+
+def _compare(fn):
+    def make(gen, d):
+        if d.startswith("int"):
+            return [(gen.integers(-3, 4, SHAPE), d), (gen.integers(-3, 4, (3, 1)), d)], []
+        # A coarse grid: many ties, exact in every float dtype.
+        return [(np.round(_randn(gen) * 2) / 2, d), (np.round(_randn(gen, (3, 1)) * 2) / 2, d)], []
+
+    return Spec(make, lambda xs, at, d: [fn(xs[0], xs[1])], extra=("int64",))
+
+
+def _reduce(fn, dims, keepdim):
+    def make(gen, d):
+        return [(_randn(gen), d)], [list(dims), keepdim]
+
+    return Spec(make, lambda xs, at, d: [np.asarray(fn(xs[0], axis=_axis(at[0]), keepdims=bool(at[1])))])
+
+
+def _tri(fn, k):
+    return Spec(lambda gen, d: ([(_randn(gen, (2, 5, 7)), d)], [k]), lambda xs, at, d: [fn(xs[0], at[0])])
+
+
+# ---- softmax, norms, attention, loss ----
+
+
+def _softmax(x, dim):
+    e = np.exp(x - x.max(axis=dim, keepdims=True))
+    return e / e.sum(axis=dim, keepdims=True)
+
+
+def _log_softmax(x, dim):
+    m = x.max(axis=dim, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=dim, keepdims=True))
+
+
+def _softmax_backward(log):
+    def make(gen, d):
+        x = _randn(gen, scale=2.0)
+        return [((_log_softmax if log else _softmax)(x, -1), d), (_randn(gen), d)], [-1]
+
+    def ref(xs, at, d):
+        y, g = xs
+        dim = at[0]
+        if log:
+            return [g - np.exp(y) * g.sum(axis=dim, keepdims=True)]
+        return [y * (g - (g * y).sum(axis=dim, keepdims=True))]
+
+    return Spec(make, ref)
+
+
+def _layernorm(x, w, b, eps):
+    mean = x.mean(-1)
+    rstd = 1.0 / np.sqrt(((x - mean[..., None]) ** 2).mean(-1) + eps)
+    return (x - mean[..., None]) * rstd[..., None] * w + b, mean, rstd
+
+
+def _layernorm_ref(xs, at, d):
+    out, mean, rstd = _layernorm(*xs, at[0])
+    return [out, (mean, stat(d)), (rstd, stat(d))]
+
+
+def _layernorm_backward_make(gen, d):
+    x, w, g = _randn(gen, scale=2.0) + 0.5, _randn(gen, SHAPE[-1:]), _randn(gen)
+    _, mean, rstd = _layernorm(x, w, 0.0, 1e-5)
+    return [(g, d), (x, d), (w, d), (mean, stat(d)), (rstd, stat(d))], []
+
+
+def _layernorm_backward_ref(xs, at, d):
+    g, x, w, mean, rstd = xs
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    dy = g * w
+    dx = rstd[..., None] * (dy - dy.mean(-1, keepdims=True) - xhat * (dy * xhat).mean(-1, keepdims=True))
+    rows = tuple(range(x.ndim - 1))
+    return [dx, (g * xhat).sum(rows), g.sum(rows)]
+
+
+def _rms_rstd(x, eps):
+    return 1.0 / np.sqrt((x * x).mean(-1) + eps)
+
+
+def _rmsnorm_ref(xs, at, d):
+    x, w = xs
+    rstd = _rms_rstd(x, at[0])
+    return [x * rstd[..., None] * w, (rstd, stat(d))]
+
+
+def _rmsnorm_backward_make(gen, d):
+    x, w, g = _randn(gen, scale=2.0), _randn(gen, SHAPE[-1:]), _randn(gen)
+    return [(g, d), (x, d), (w, d), (_rms_rstd(x, 1e-6), stat(d))], []
+
+
+def _rmsnorm_backward_ref(xs, at, d):
+    g, x, w, rstd = xs
+    xhat = x * rstd[..., None]
+    dy = g * w
+    dx = rstd[..., None] * (dy - xhat * (dy * xhat).mean(-1, keepdims=True))
+    return [dx, (g * xhat).sum(tuple(range(x.ndim - 1)))]
+
+
+def _rope_make(gen, d):
+    b, t, h, dh = 2, 5, 3, 8
+    freq = 10000.0 ** (-np.arange(dh // 2) / (dh // 2)) * (1 + 0.1 * gen.random(dh // 2))
+    angle = np.arange(t)[:, None] * freq
+    return [(_randn(gen, (b, t, h, dh)), d), (np.cos(angle), stat(d)), (np.sin(angle), stat(d))], [0]
+
+
+def _rope_ref(xs, at, d):
+    x, cos, sin = xs
+    c, s = cos[None, :, None, :], (-sin if at[0] else sin)[None, :, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]  # pairs (x[2i], x[2i+1])
+    out = np.empty_like(x)
+    out[..., 0::2] = x0 * c - x1 * s
+    out[..., 1::2] = x0 * s + x1 * c
+    return [out]
+
+
+# Grouped-query attention: 4 query heads over 2 kv heads, causal, T == S.
+_SDPA = dict(b=2, hq=4, hkv=2, t=7, dh=8)
+
+
+def _sdpa_qkv(gen):
+    b, hq, hkv, t, dh = (_SDPA[k] for k in ("b", "hq", "hkv", "t", "dh"))
+    return _randn(gen, (b, hq, t, dh)), _randn(gen, (b, hkv, t, dh)), _randn(gen, (b, hkv, t, dh))
+
+
+def _expand_kv(k, hq):
+    return np.repeat(k, hq // k.shape[1], axis=1)  # query head h reads kv head h // (Hq / Hkv)
+
+
+def _scores(q, k, causal, scale):
+    s = q @ np.swapaxes(_expand_kv(k, q.shape[1]), -1, -2) * scale
+    if causal:
+        s = np.where(np.triu(np.ones(s.shape[-2:], dtype=bool), 1), -np.inf, s)
+    return s
+
+
+def _sdpa(q, k, v, causal, scale):
+    s = _scores(q, k, causal, scale)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    total = e.sum(-1, keepdims=True)
+    return (e / total) @ _expand_kv(v, q.shape[1]), (m + np.log(total))[..., 0]
+
+
+def _sdpa_make(gen, d):
+    q, k, v = _sdpa_qkv(gen)
+    return [(q, d), (k, d), (v, d)], [1, 1.0 / math.sqrt(_SDPA["dh"])]
+
+
+def _sdpa_ref(xs, at, d):
+    out, lse = _sdpa(*xs, *at)
+    return [out, (lse, stat(d))]
+
+
+def _sdpa_backward_make(gen, d):
+    q, k, v = _sdpa_qkv(gen)
+    attrs = [1, 1.0 / math.sqrt(_SDPA["dh"])]
+    out, lse = _sdpa(q, k, v, *attrs)  # the saved forward outputs
+    return [(_randn(gen, q.shape), d), (q, d), (k, d), (v, d), (out, d), (lse, stat(d))], attrs
+
+
+def _sdpa_backward_ref(xs, at, d):
+    g, q, k, v, out, lse = xs
+    causal, scale = at
+    b, hq, t, dh = q.shape
+    hkv, s = k.shape[1], k.shape[2]
+    kk, vv = _expand_kv(k, hq), _expand_kv(v, hq)
+    p = np.exp(_scores(q, k, causal, scale) - lse[..., None])  # exp(-inf) = 0 on masked keys
+    dp = g @ np.swapaxes(vv, -1, -2)
+    ds = p * (dp - (g * out).sum(-1, keepdims=True))
+    fold = (b, hkv, hq // hkv, s, dh)  # kv-head gradients sum over their query-head group
+    dk = (np.swapaxes(ds, -1, -2) @ q * scale).reshape(fold).sum(2)
+    dv = (np.swapaxes(p, -1, -2) @ g).reshape(fold).sum(2)
+    return [ds @ kk * scale, dk, dv]
+
+
+_IGNORE = -100
+
+
+def _lse(x):
+    m = x.max(-1, keepdims=True)
+    return (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[:, 0]
+
+
+def _ce_logits_target(gen):
+    n, v = 13, 17
+    target = gen.integers(0, v, n)
+    target[1:][gen.random(n - 1) < 0.25] = _IGNORE  # row 0 always counts
+    return _randn(gen, (n, v), 3.0), target
+
+
+def _ce_make(gen, d):
+    x, target = _ce_logits_target(gen)
+    return [(x, d), (target, "int64")], [_IGNORE]
+
+
+def _ce_ref(xs, at, d):
+    x, target = xs
+    lse = _lse(x)
+    rows = np.nonzero(target != at[0])[0]
+    loss = (lse[rows] - x[rows, target[rows]]).sum() / len(rows)
+    return [(np.asarray(loss), stat(d)), (lse, stat(d))]
+
+
+def _ce_backward_make(gen, d):
+    x, target = _ce_logits_target(gen)
+    grad = np.asarray(gen.uniform(0.5, 2.0))
+    return [(x, d), (target, "int64"), (_lse(x), stat(d)), (grad, stat(d))], [_IGNORE]
+
+
+def _ce_backward_ref(xs, at, d):
+    x, target, lse, grad = xs
+    keep = target != at[0]
+    dx = np.exp(x - lse[:, None])
+    dx[np.arange(len(target)), np.where(keep, target, 0)] -= 1.0
+    return [np.where(keep[:, None], dx, 0.0) * grad / keep.sum()]
+
+
+_ADAMW = [1e-2, 0.9, 0.999, 1e-8, 0.1, 3]  # lr, beta1, beta2, eps, weight_decay, step
+
+
+def _adamw_make(gen, d):
+    # Moments as after a few steps: m of either sign, v > 0.
+    m, v = _randn(gen, scale=0.1), gen.uniform(0.01, 0.1, SHAPE)
+    return [(_randn(gen), d), (_randn(gen, scale=0.5), d), (m, stat(d)), (v, stat(d))], list(_ADAMW)
+
+
+def _adamw_ref(xs, at, d):
+    p, g, m, v = xs
+    lr, b1, b2, eps, wd, step = at
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    p = p * (1 - lr * wd) - lr * (m / (1 - b1**step)) / (np.sqrt(v / (1 - b2**step)) + eps)
+    return [p, (m, stat(d)), (v, stat(d))]
+
+
+# ---- copy, cast, index, shape ----
+
+# cast: each source dtype to a target that makes it convert (rounding, widening, truncating).
+CAST_TO = {"float32": "bfloat16", "bfloat16": "float32", "float64": "float32", "int64": "float64", "bool": "int64"}
+_ALL = ("int64", "bool")
+
+
+def _converted(x, dst):
+    if dst == "bool":
+        return x != 0
+    if dst.startswith("int"):
+        return np.trunc(x.astype(np.float64)).astype(np.int64)
+    return (round_to(x, dst), dst)
+
+
+def _copy_make(gen, d):
+    # float64 sources; integer-valued (zeros included) for integer and bool destinations.
+    src = _randn(gen, scale=3.0) if d in FLOATS else gen.integers(-3, 4, SHAPE).astype(np.float64)
+    return [(_any(gen, d), d), (src, "float64")], []
+
+
+def _fill_make(gen, d):
+    value = 1.0 if d == "bool" else float(gen.integers(-50, 50)) if d.startswith("int") else float(_randn(gen, ()))
+    return [(_any(gen, d), d)], [value]
+
+
+def _fill_ref(xs, at, d):
+    x = xs[0]
+    return [np.full(x.shape, at[0], dtype=x.dtype if d in _ALL else np.float64)]
+
+
+def _index_make(gen, dim=1, m=5):
+    x = _randn(gen)
+    shape = list(SHAPE)
+    shape[dim] = m
+    return x, gen.integers(0, SHAPE[dim], shape)
+
+
+def _gather_make(gen, d):
+    x, idx = _index_make(gen)
+    return [(x, d), (idx, "int64")], [1]
+
+
+def _scatter_add_make(gen, d):
+    x, idx = _index_make(gen)  # repeated targets accumulate
+    return [(x, d), (idx, "int64"), (_randn(gen, idx.shape), d)], [1]
+
+
+def _scatter_add_ref(xs, at, d):
+    x, idx, src = xs
+    out = x.copy()
+    ix = list(np.indices(idx.shape, sparse=True))
+    ix[at[0]] = idx
+    np.add.at(out, tuple(ix), src)
+    return [out]
+
+
+def _embedding_backward_ref(xs, at, d):
+    g, idx = xs
+    dw = np.zeros((at[0], g.shape[-1]))
+    np.add.at(dw, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
+    return [dw]
+
+
+_SLICE = [2, 1, -2, 3]  # dim, start, end, step
+
+
+def _slice_backward_make(gen, d):
+    g = _any(gen, d, np.zeros(SHAPE)[_slicer(3, *_SLICE)].shape)
+    return [(g, d)], [list(SHAPE)] + _SLICE
+
+
+def _slice_backward_ref(xs, at, d):
+    shape, sl = at[0], _slicer(len(at[0]), *at[1:])
+    dx = np.zeros(shape, dtype=xs[0].dtype)
+    dx[sl] = xs[0]
+    return [dx]
+
+
+def _split_ref(xs, at, d):
+    return np.split(xs[0], np.cumsum(at[1])[:-1], axis=at[0])
+
+
+SPECS = {
+    # copy, cast, fill
+    "cast": Spec(
+        lambda gen, d: ([(_any(gen, d), d)], [CAST_TO[d]]), lambda xs, at, d: [_converted(xs[0], at[0])], _ALL
+    ),
+    "copy_": Spec(_copy_make, lambda xs, at, d: [_converted(xs[1], d)], _ALL),
+    "fill_": Spec(_fill_make, _fill_ref, _ALL),
+    # random
+    "normal_": _random_fill(_normal),
+    "uniform_": _random_fill(_uniform),
+    "dropout": Spec(lambda gen, d: ([(_randn(gen), d)], [0.3] + _seed_offset(gen)), _dropout_ref),
+    "dropout_backward": Spec(
+        lambda gen, d: ([(_randn(gen), d), (gen.random(SHAPE) < 0.6, "bool")], [0.3]),
+        lambda xs, at, d: [xs[0] * xs[1] / (1.0 - at[0])],
+    ),
+    # unary
+    "neg": _unary(np.negative),
+    "exp": _unary(np.exp),
+    "log": _unary(np.log, "pos"),
+    "sqrt": _unary(np.sqrt, "pos"),
+    "rsqrt": _unary(lambda x: 1.0 / np.sqrt(x), "pos"),
+    "abs": _unary(np.abs),
+    "sin": _unary(np.sin),
+    "cos": _unary(np.cos),
+    "tanh": _unary(np.tanh),
+    "sigmoid": _unary(_sigmoid),
+    "relu": _unary(lambda x: np.maximum(x, 0.0)),
+    "silu": _unary(lambda x: x * _sigmoid(x)),
+    "gelu_tanh": _unary(_gelu),
+    "affine": _scalar_op(lambda x, scale, bias: x * scale + bias, [0.75, -1.25]),
+    "pow_scalar": _scalar_op(lambda x, e: np.power(x, e), [1.5], "pos"),
+    "clamp": _scalar_op(lambda x, lo, hi: np.clip(x, lo, hi), [-0.5, 0.8]),
+    # unary backward: tanh and sigmoid take the saved output, the others the input
+    "tanh_backward": _unary_backward(np.tanh, lambda y: 1.0 - y * y),
+    "sigmoid_backward": _unary_backward(_sigmoid, lambda y: y * (1.0 - y)),
+    "relu_backward": _unary_backward(lambda x: x, lambda x: (x > 0).astype(np.float64)),
+    "silu_backward": _unary_backward(lambda x: x, _silu_grad),
+    "gelu_tanh_backward": _unary_backward(lambda x: x, _gelu_grad),
+    # binary with broadcasting, comparisons, selects
+    "add": _binary(np.add),
+    "sub": _binary(np.subtract),
+    "mul": _binary(np.multiply),
+    "div": _binary(np.divide),
+    "maximum": _binary(np.maximum),
+    "minimum": _binary(np.minimum),
+    "eq": _compare(np.equal),
+    "ne": _compare(np.not_equal),
+    "lt": _compare(np.less),
+    "le": _compare(np.less_equal),
+    "gt": _compare(np.greater),
+    "ge": _compare(np.greater_equal),
+    "where": Spec(
+        lambda gen, d: ([(gen.random((3, 1)) < 0.5, "bool"), (_randn(gen), d), (_randn(gen, (17,)), d)], []),
+        lambda xs, at, d: [np.where(*xs)],
+    ),
+    "masked_fill": Spec(
+        lambda gen, d: ([(_randn(gen), d), (gen.random((3, 1)) < 0.5, "bool")], [-2.5]),
+        lambda xs, at, d: [np.where(xs[1], at[0], xs[0])],
+    ),
+    "axpy_": Spec(
+        lambda gen, d: ([(_randn(gen), d), (_randn(gen), d)], [0.75]), lambda xs, at, d: [xs[0] + at[0] * xs[1]]
+    ),
+    # reductions
+    "sum": _reduce(np.sum, [0, 2], 0),
+    "mean": _reduce(np.mean, [-1], 1),
+    "amax": _reduce(np.max, [], 0),
+    "argmax": Spec(
+        lambda gen, d: ([(_randn(gen), d)], [1, 0]), lambda xs, at, d: [np.argmax(xs[0], axis=at[0]).astype(np.int64)]
+    ),
+    "sum_squares": Spec(lambda gen, d: ([(_randn(gen), d)], []), lambda xs, at, d: [(np.sum(xs[0] ** 2), stat(d))]),
+    # products
+    "matmul": Spec(  # batch [2] broadcast against a shared b, stored transposed
+        lambda gen, d: ([(_randn(gen, (2, 5, 17)), d), (_randn(gen, (9, 17)), d)], [0, 1]),
+        lambda xs, at, d: [xs[0] @ xs[1].T],
+    ),
+    "linear": Spec(
+        lambda gen, d: ([(_randn(gen), d), (_randn(gen, (9, 17)), d), (_randn(gen, (9,)), d)], []),
+        lambda xs, at, d: [xs[0] @ xs[1].T + xs[2]],
+    ),
+    # indexing
+    "embedding": Spec(
+        lambda gen, d: ([(_randn(gen, (11, 17)), d), (gen.integers(0, 11, (2, 3)), "int64")], []),
+        lambda xs, at, d: [xs[0][xs[1]]],
+    ),
+    "embedding_backward": Spec(  # two weight rows never used: they must come out zero
+        lambda gen, d: ([(_randn(gen), d), (gen.integers(0, 11, (2, 3)), "int64")], [13]), _embedding_backward_ref
+    ),
+    "gather": Spec(_gather_make, lambda xs, at, d: [np.take_along_axis(xs[0], xs[1], axis=at[0])]),
+    "scatter_add": Spec(_scatter_add_make, _scatter_add_ref),
+    # shape
+    "permute": Spec(
+        lambda gen, d: ([(_any(gen, d), d)], [[2, 0, 1]]), lambda xs, at, d: [np.transpose(xs[0], at[0])], _ALL
+    ),
+    "slice": Spec(lambda gen, d: ([(_any(gen, d), d)], list(_SLICE)), lambda xs, at, d: [xs[0][_slicer(3, *at)]], _ALL),
+    "slice_backward": Spec(_slice_backward_make, _slice_backward_ref, _ALL),
+    "concat": Spec(
+        lambda gen, d: ([(_any(gen, d, (2, n, 5)), d) for n in (3, 1, 4)], [1]),
+        lambda xs, at, d: [np.concatenate(xs, axis=at[0])],
+        _ALL,
+    ),
+    "stack": Spec(
+        lambda gen, d: ([(_any(gen, d, (3, 17)), d) for _ in range(3)], [1]),
+        lambda xs, at, d: [np.stack(xs, axis=at[0])],
+        _ALL,
+    ),
+    "split": Spec(lambda gen, d: ([(_any(gen, d, (2, 9, 5)), d)], [1, [2, 0, 7]]), _split_ref, _ALL),
+    "tril": _tri(np.tril, 1),
+    "triu": _tri(np.triu, -1),
+    # softmax, norms
+    "softmax": Spec(lambda gen, d: ([(_randn(gen, scale=3.0), d)], [-1]), lambda xs, at, d: [_softmax(xs[0], at[0])]),
+    "softmax_backward": _softmax_backward(False),
+    "log_softmax": Spec(
+        lambda gen, d: ([(_randn(gen, scale=3.0), d)], [1]), lambda xs, at, d: [_log_softmax(xs[0], at[0])]
+    ),
+    "log_softmax_backward": _softmax_backward(True),
+    "layernorm": Spec(
+        lambda gen, d: ([(_randn(gen, scale=2.0) + 0.5, d), (_randn(gen, (17,)), d), (_randn(gen, (17,)), d)], [1e-5]),
+        _layernorm_ref,
+    ),
+    "layernorm_backward": Spec(_layernorm_backward_make, _layernorm_backward_ref),
+    "rmsnorm": Spec(lambda gen, d: ([(_randn(gen, scale=2.0), d), (_randn(gen, (17,)), d)], [1e-6]), _rmsnorm_ref),
+    "rmsnorm_backward": Spec(_rmsnorm_backward_make, _rmsnorm_backward_ref),
+    # fused
+    "swiglu": Spec(
+        lambda gen, d: ([(_randn(gen, scale=2.0), d), (_randn(gen), d)], []),
+        lambda xs, at, d: [xs[0] * _sigmoid(xs[0]) * xs[1]],
+    ),
+    "swiglu_backward": Spec(
+        lambda gen, d: ([(_randn(gen, scale=2.0), d), (_randn(gen), d), (_randn(gen), d)], []),
+        lambda xs, at, d: [xs[2] * xs[1] * _silu_grad(xs[0]), xs[2] * xs[0] * _sigmoid(xs[0])],
+    ),
+    "rope": Spec(_rope_make, _rope_ref),
+    "sdpa": Spec(_sdpa_make, _sdpa_ref),
+    "sdpa_backward": Spec(_sdpa_backward_make, _sdpa_backward_ref),
+    "cross_entropy": Spec(_ce_make, _ce_ref),
+    "cross_entropy_backward": Spec(_ce_backward_make, _ce_backward_ref),
+    "adamw_": Spec(_adamw_make, _adamw_ref),
+}
