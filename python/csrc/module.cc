@@ -48,7 +48,12 @@ py::tuple ShapeTuple(const Shape& s) {
 }
 
 py::array ToNumpy(const Tensor& t) {
-    Tensor h = t.device().is_cpu() ? t : t.To(Device{});
+    Tensor h = t;
+    if (!t.device().is_cpu()) {
+        // Waiting for the device must not hold the GIL: other threads may still have to issue work it waits on.
+        py::gil_scoped_release release;
+        h = t.To(Device{});
+    }
     py::array out(NumpyDtype(h.dtype()), h.shape());
     if (h.dtype() == DataType::kBFloat16) {
         const uint16_t* src = h.data<uint16_t>();
@@ -78,7 +83,9 @@ Tensor FromNumpy(py::array arr, const std::string& dtype, const std::string& dev
         std::memcpy(t.data(), arr.data(), t.nbytes());
     }
     Device d = ParseDevice(device);
-    return d.is_cpu() ? t : t.To(d);
+    if (d.is_cpu()) return t;
+    py::gil_scoped_release release;
+    return t.To(d);
 }
 
 py::list RunOp(const Op& op, const std::vector<Tensor>& in, const Attrs& attrs) {

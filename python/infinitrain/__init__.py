@@ -6,7 +6,7 @@ x = it.randn(4, 8, requires_grad=True)
 """
 
 from infinitrain import _C  # noqa: F401, I001  (the native core loads first)
-from infinitrain import amp, backends, checkpoint, data, functional, models, nn, optim, random, runtime
+from infinitrain import amp, backends, checkpoint, data, distributed, functional, models, nn, optim, random, runtime
 from infinitrain.autograd import enable_grad, is_grad_enabled, no_grad
 from infinitrain.functional import cat, stack, where
 from infinitrain.random import Generator, manual_seed
@@ -39,6 +39,7 @@ __all__ = [
     "backends",
     "checkpoint",
     "data",
+    "distributed",
     "models",
     "random",
     "runtime",

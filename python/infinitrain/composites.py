@@ -16,38 +16,50 @@ from infinitrain import functional as F
 from infinitrain.tensor import Tensor, from_numpy
 
 
+# Like the kernels, composites compute bfloat16 in float32 and round once at the end.
+def _up(t):
+    return F.cast(t, "float32") if t.dtype in ("bfloat16", "float16") else t
+
+
+def _down(t, dtype):
+    return F.cast(t, dtype) if t.dtype != dtype else t
+
+
 def silu(x):
-    return F.mul(x, F.sigmoid(x))
+    xf = _up(x)
+    return _down(F.mul(xf, F.sigmoid(xf)), x.dtype)
 
 
 def gelu_tanh(x):
-    inner = F.affine(F.add(x, F.affine(F.pow(x, 3.0), 0.044715, 0.0)), math.sqrt(2.0 / math.pi), 0.0)
-    return F.mul(F.affine(x, 0.5, 0.0), F.affine(F.tanh(inner), 1.0, 1.0))
+    xf = _up(x)
+    inner = F.affine(F.add(xf, F.affine(F.pow(xf, 3.0), 0.044715, 0.0)), math.sqrt(2.0 / math.pi), 0.0)
+    return _down(F.mul(F.affine(xf, 0.5, 0.0), F.affine(F.tanh(inner), 1.0, 1.0)), x.dtype)
 
 
 def rmsnorm(x, weight, eps):
     """Returns (out, rstd); rstd has x's shape without the last dim."""
-    xf = x if x.dtype != "bfloat16" else F.cast(x, "float32")
+    xf = _up(x)
     rstd = F.rsqrt(F.affine(F.mean(F.mul(xf, xf), -1, keepdim=True), 1.0, eps))
-    out = F.mul(F.mul(xf, rstd), F.cast(weight, xf.dtype) if weight.dtype != xf.dtype else weight)
-    return F.cast(out, x.dtype) if out.dtype != x.dtype else out, rstd.reshape(x.shape[:-1])
+    out = F.mul(F.mul(xf, rstd), _up(weight))
+    return _down(out, x.dtype), rstd.reshape(x.shape[:-1])
 
 
 def swiglu(gate, up):
-    return F.mul(F.silu(gate), up)
+    g = _up(gate)
+    return _down(F.mul(F.mul(g, F.sigmoid(g)), _up(up)), gate.dtype)
 
 
 def rope(x, cos, sin, inverse=False):
     B, T, H, D = x.shape
-    pairs = x.reshape(B, T, H, D // 2, 2)
+    pairs = _up(x).reshape(B, T, H, D // 2, 2)
     x0, x1 = F.slice(pairs, 4, 0, 1), F.slice(pairs, 4, 1, 2)
-    c = F.cast(cos, x.dtype).reshape(T, 1, D // 2, 1)
-    s = F.cast(sin, x.dtype).reshape(T, 1, D // 2, 1)
+    c = _down(cos, pairs.dtype).reshape(T, 1, D // 2, 1)
+    s = _down(sin, pairs.dtype).reshape(T, 1, D // 2, 1)
     if inverse:
         s = F.neg(s)
     o0 = F.sub(F.mul(x0, c), F.mul(x1, s))
     o1 = F.add(F.mul(x0, s), F.mul(x1, c))
-    return F.cat([o0, o1], dim=4).reshape(B, T, H, D)
+    return _down(F.cat([o0, o1], dim=4).reshape(B, T, H, D), x.dtype)
 
 
 def _causal_mask(t, s, device):
@@ -56,6 +68,8 @@ def _causal_mask(t, s, device):
 
 def sdpa(q, k, v, causal, scale):
     """Returns (out, lse) for q [B, Hq, T, D], k, v [B, Hkv, S, D]."""
+    dtype = q.dtype
+    q, k, v = _up(q), _up(k), _up(v)
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     if Hq != Hkv:  # grouped-query heads: repeat each kv head for its group
@@ -65,20 +79,44 @@ def sdpa(q, k, v, causal, scale):
     scores = F.affine(F.matmul(q, k, False, True), scale, 0.0)
     if causal:
         scores = F.masked_fill(scores, _causal_mask(T, S, q.device), -math.inf)
-    stat = "float64" if q.dtype == "float64" else "float32"
-    sf = F.cast(scores, stat) if scores.dtype != stat else scores
-    m = F.amax(sf, -1, keepdim=True)
-    lse = F.add(F.log(F.sum(F.exp(F.sub(sf, m)), -1, keepdim=True)), m)
-    p = F.exp(F.sub(sf, lse))
-    p = F.cast(p, q.dtype) if p.dtype != q.dtype else p
-    return F.matmul(p, v), lse.reshape(B, Hq, T)
+    m = F.amax(scores, -1, keepdim=True)
+    lse = F.add(F.log(F.sum(F.exp(F.sub(scores, m)), -1, keepdim=True)), m)
+    p = F.exp(F.sub(scores, lse))
+    return _down(F.matmul(p, v), dtype), lse.reshape(B, Hq, T)
+
+
+def sdpa_backward(grad, q, k, v, out, lse, causal, scale):
+    """(dq, dk, dv) from the saved out and lse, as the kernels compute them: with P = exp(S * scale - lse),
+    dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale;
+    grouped kv heads sum the gradients of their query heads."""
+    dtype = q.dtype
+    g, q, k, v, out = (_up(t) for t in (grad, q, k, v, out))
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    if group > 1:
+        k = k.reshape(B, Hkv, 1, S, D).expand(B, Hkv, group, S, D).reshape(B, Hq, S, D)
+        v = v.reshape(B, Hkv, 1, S, D).expand(B, Hkv, group, S, D).reshape(B, Hq, S, D)
+    scores = F.affine(F.matmul(q, k, False, True), scale, 0.0)
+    p = F.exp(F.sub(scores, _down(lse, scores.dtype).reshape(B, Hq, T, 1)))
+    if causal:
+        p = F.masked_fill(p, _causal_mask(T, S, q.device), 0.0)
+    dv = F.matmul(p, g, True, False)
+    dp = F.matmul(g, v, False, True)
+    ds = F.mul(p, F.sub(dp, F.sum(F.mul(g, out), -1, keepdim=True)))
+    dq = F.affine(F.matmul(ds, k), scale, 0.0)
+    dk = F.affine(F.matmul(ds, q, True, False), scale, 0.0)
+    if group > 1:
+        dk = F.sum(dk.reshape(B, Hkv, group, S, D), 2)
+        dv = F.sum(dv.reshape(B, Hkv, group, S, D), 2)
+    return [_down(dq, dtype), _down(dk, dtype), _down(dv, dtype)]
 
 
 def cross_entropy(logits, target, ignore_index):
     """Returns (mean loss over rows whose target != ignore_index, lse [N])."""
     N, V = logits.shape
-    stat = "float64" if logits.dtype == "float64" else "float32"
-    x = F.cast(logits, stat) if logits.dtype != stat else logits
+    x = _up(logits)
+    stat = x.dtype
     m = F.amax(x, -1, keepdim=True)
     lse = F.add(F.log(F.sum(F.exp(F.sub(x, m)), -1, keepdim=True)), m)
     onehot = F.eq(from_numpy(np.arange(V, dtype=np.int64), device=logits.device).reshape(1, V), target.reshape(N, 1))
@@ -93,24 +131,37 @@ def rmsnorm_backward(grad, x, weight, rstd):
     """(dx, dweight) from the saved rstd: with xhat = x * rstd and dxhat = grad * weight,
     dx = rstd * (dxhat - xhat * mean(dxhat * xhat)) and dweight = sum over rows of grad * xhat."""
     stat = rstd.dtype
-    g, xf, w = (F.cast(t, stat) if t.dtype != stat else t for t in (grad, x, weight))
+    g, xf, w = (_down(t, stat) for t in (grad, x, weight))
     r = rstd.reshape(*rstd.shape, 1)
     xhat = F.mul(xf, r)
     dxhat = F.mul(g, w)
     dx = F.mul(r, F.sub(dxhat, F.mul(xhat, F.mean(F.mul(dxhat, xhat), -1, keepdim=True))))
     dw = F.sum(F.mul(g, xhat).reshape(-1, x.shape[-1]), 0)
-    return [F.cast(t, x.dtype) if t.dtype != x.dtype else t for t in (dx, dw)]
+    return [_down(dx, x.dtype), _down(dw, x.dtype)]
+
+
+def cross_entropy_backward(logits, target, lse, grad, ignore_index):
+    """grad * (softmax(logits) - onehot(target)) / count on rows whose target is not ignored, from the saved lse."""
+    N, V = logits.shape
+    x = _up(logits)
+    onehot = F.eq(from_numpy(np.arange(V, dtype=np.int64), device=logits.device).reshape(1, V), target.reshape(N, 1))
+    valid = F.cast(F.ne(target, from_numpy(np.array(ignore_index, np.int64), device=logits.device)), x.dtype)
+    count = F.clamp(F.sum(valid), 1.0, None)
+    p = F.exp(F.sub(x, _down(lse, x.dtype).reshape(N, 1)))
+    d = F.sub(p, F.cast(onehot, x.dtype))
+    scale = F.div(F.mul(valid, _down(grad, x.dtype)), count).reshape(N, 1)
+    return [_down(F.mul(d, scale), logits.dtype)]
 
 
 @autograd.no_grad()
 def adamw_(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     """The adamw_ update in place, from required ops."""
-    g = F.cast(grad, m.dtype) if grad.dtype != m.dtype else grad
+    g = _down(grad, m.dtype)
     m.copy_(F.add(F.affine(m, beta1, 0.0), F.affine(g, 1.0 - beta1, 0.0)))
     v.copy_(F.add(F.affine(v, beta2, 0.0), F.affine(F.mul(g, g), 1.0 - beta2, 0.0)))
     mhat = F.affine(m, 1.0 / (1.0 - beta1**step), 0.0)
     denom = F.affine(F.sqrt(F.affine(v, 1.0 / (1.0 - beta2**step), 0.0)), 1.0, eps)
-    p = F.cast(param, m.dtype) if param.dtype != m.dtype else param
+    p = _down(param, m.dtype)
     p = F.sub(F.affine(p, 1.0 - lr * weight_decay, 0.0), F.affine(F.div(mhat, denom), lr, 0.0))
     param.copy_(p)
 
@@ -133,8 +184,6 @@ _BACKWARD = {
     "silu_backward": ("silu", [0], 1, [0]),
     "gelu_tanh_backward": ("gelu_tanh", [0], 1, [0]),
     "swiglu_backward": ("swiglu", [0, 1], 2, [0, 1]),
-    "sdpa_backward": ("sdpa", [1, 2, 3], 0, [0, 1, 2]),
-    "cross_entropy_backward": ("cross_entropy", [0, 1], 3, [0]),
 }
 
 
@@ -151,11 +200,17 @@ def op_composite(name):
             return []
 
         return run
-    if name == "rmsnorm_backward":
+    explicit = {
+        "rmsnorm_backward": rmsnorm_backward,
+        "sdpa_backward": sdpa_backward,
+        "cross_entropy_backward": cross_entropy_backward,
+    }
+    if name in explicit:
+        fn = explicit[name]
 
         def run(ins, attrs):
             with autograd.no_grad():
-                return [t._t for t in rmsnorm_backward(*_wrap(ins))]
+                return [t._t for t in fn(*_wrap(ins), *attrs)]
 
         return run
     if name in _FORWARD:
