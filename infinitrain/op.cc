@@ -153,8 +153,9 @@ std::vector<Tensor> Op::Call(const std::vector<Tensor>& in, const Attrs& attrs) 
     for (const TensorMeta& m : metas) out.push_back(Tensor::Empty(m.shape, m.dtype, device));
     if (g_poison) {
         DeviceRuntime& rt = GetRuntime(device.type);
+        // On the kernel's stream, so the fill is ordered before the kernel.
         for (Tensor& t : out) {
-            if (t.nbytes()) rt.Memset(t.data(), 0xff, t.nbytes(), device.index, nullptr);
+            if (t.nbytes()) rt.Memset(t.data(), 0xff, t.nbytes(), device.index, CurrentStream(device));
         }
     }
     if (fallback) {

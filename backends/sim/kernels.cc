@@ -1,0 +1,68 @@
+// The sim's kernels: every op's CPU kernel, run on a sim stream over host
+// views of device memory. One generic kernel is registered for every op,
+// except those named in INFINITRAIN_SIM_SKIP_OPS (comma-separated, read when
+// this library loads), so tests can reach the composite and CPU-fallback paths.
+#include <cstdlib>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/sim/sim.h"
+#include "infinitrain/op.h"
+#include "infinitrain/provider.h"
+#include "infinitrain/tensor.h"
+
+namespace infinitrain::sim {
+namespace {
+
+Tensor HostTensor(const Tensor& t) {
+    if (!t.defined()) return t;
+    return Tensor::FromBlob(HostView(t.data()), t.shape(), t.dtype(), Device{});
+}
+
+void SimKernel(KernelContext& ctx) {
+    const Op* op = ctx.op;
+    KernelFn cpu = op->Kernel(DeviceType::kCPU);
+    if (!cpu) {
+        throw MissingKernelError("op '" + std::string(op->name()) + "' has no CPU kernel for the sim to run");
+    }
+    // Copies of the tensors keep their storage alive until the work has run.
+    std::vector<Tensor> in = ctx.in;
+    std::vector<Tensor> out = ctx.out;
+    Enqueue(ctx.device.index, ctx.stream, [op, cpu, in = std::move(in), out = std::move(out), attrs = ctx.attrs] {
+        std::vector<Tensor> hin, hout;
+        hin.reserve(in.size());
+        hout.reserve(out.size());
+        for (const Tensor& t : in) hin.push_back(HostTensor(t));
+        for (const Tensor& t : out) hout.push_back(HostTensor(t));
+        KernelContext host{hin, hout, attrs, Device{}, nullptr, op};
+        cpu(host);
+    });
+}
+
+std::set<std::string> SkippedOps() {
+    std::set<std::string> names;
+    const char* env = std::getenv("INFINITRAIN_SIM_SKIP_OPS");
+    if (!env) return names;
+    std::stringstream in(env);
+    std::string name;
+    while (std::getline(in, name, ',')) {
+        size_t b = name.find_first_not_of(" \t"), e = name.find_last_not_of(" \t");
+        if (b != std::string::npos) names.insert(name.substr(b, e - b + 1));
+    }
+    return names;
+}
+
+// AllOps() is safe here: the op table is a function-local static of the core library.
+const bool kRegistered = [] {
+    std::set<std::string> skip = SkippedOps();
+    for (const Op* op : AllOps()) {
+        if (!skip.count(op->name())) AddProviderKernel(kName, op->name(), &SimKernel, INFINITRAIN_SITE);
+    }
+    return true;
+}();
+
+}  // namespace
+}  // namespace infinitrain::sim

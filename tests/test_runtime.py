@@ -1,0 +1,387 @@
+"""Device runtime: device counts, streams and events, allocator statistics, threads, async errors.
+
+Runs on the device under test (harness.DEVICE); the sim-specific checks (device memory the host
+cannot touch, INFINITRAIN_SIM_* settings, errors surfacing at the next synchronisation) skip elsewhere.
+"""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from harness import DEVICE, to_device
+from infinitrain import _C, runtime
+
+DEV = _C.parse_device(DEVICE)  # "cpu" or "<type>:<index>"
+TYPE = DEV.split(":")[0]
+SIM = TYPE == "sim"
+NDEV = runtime.device_count(TYPE)
+DEVICES = [DEV] if TYPE == "cpu" else [f"{TYPE}:{i}" for i in range(NDEV)]
+sim_only = pytest.mark.skipif(not SIM, reason="sim-specific")
+
+
+def op(name, inputs, attrs=()):
+    """Runs one op without harness.run's synchronisation: these tests want the work in flight."""
+    return _C.op(name)(list(inputs), list(attrs))
+
+
+def _settle(device=DEV):
+    """Waits for the device and collects garbage, so statistics no longer move."""
+    gc.collect()
+    runtime.synchronize(device)
+
+
+def _chain(x, ws):
+    """x @ w0 @ w1 ... through the dispatcher: a long stretch of work on the current stream."""
+    for w in ws:
+        (x,) = op("matmul", [x, w], [0, 0])
+    return x
+
+
+def _subprocess(code, **env):
+    """Runs `code` in a fresh interpreter that sees this one's modules; returns the CompletedProcess."""
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+# ---- devices ----
+
+
+def test_device_count():
+    assert NDEV >= 1
+    if TYPE == "cpu":
+        assert NDEV == 1
+    if SIM:
+        import infinitrain_sim
+
+        assert NDEV == int(os.environ.get("INFINITRAIN_SIM_DEVICES", "4")) == infinitrain_sim.device_count()
+
+
+@sim_only
+def test_bad_device_index_raises():
+    with pytest.raises(ValueError, match="does not exist"):
+        _C.empty([2], "float32", f"sim:{NDEV}")
+    with pytest.raises(ValueError, match="out of range"):
+        runtime.memory_stats(f"sim:{NDEV}")
+    with pytest.raises(ValueError, match="out of range"):
+        _C.Stream(f"sim:{NDEV + 3}")
+
+
+@pytest.mark.skipif(NDEV < 2, reason="needs two devices")
+def test_copy_between_devices():
+    a = np.random.default_rng().standard_normal((33, 17))
+    x = to_device(a, "float64", DEVICES[0])
+    y = x.to(DEVICES[1])
+    assert y.device == DEVICES[1]
+    np.testing.assert_array_equal(y.numpy(), a)
+    (z,) = op("affine", [y], [2.0, 1.0])
+    np.testing.assert_array_equal(z.to(DEVICES[0]).numpy(), 2.0 * a + 1.0)
+
+
+# ---- streams and events ----
+
+
+def test_stream_waits_for_event_on_another_stream():
+    gen = np.random.default_rng()
+    n, k = 192, 24
+    a = gen.standard_normal((n, n))
+    ws = [gen.standard_normal((n, n)) / np.sqrt(n) for _ in range(k)]
+    x, wt = to_device(a, "float64"), [to_device(w, "float64") for w in ws]
+    sa, sb = runtime.Stream(DEV), runtime.Stream(DEV)
+    done = runtime.Event(DEV)
+    with runtime.stream(sa):
+        y = _chain(x, wt)  # long work on stream A
+        done.record()
+    sb.wait_event(done)
+    with runtime.stream(sb):
+        (z,) = op("affine", [y], [3.0, -1.0])  # reads A's result on B
+    sb.synchronize()
+    expected = a
+    for w in ws:
+        expected = expected @ w
+    np.testing.assert_allclose(z.numpy(), 3.0 * expected - 1.0, rtol=1e-9, atol=1e-9)
+    assert done.query()
+
+
+def test_event_elapsed_time_grows():
+    gen = np.random.default_rng()
+    n = 128
+    x = to_device(gen.standard_normal((n, n)), "float64")
+    ws = [to_device(gen.standard_normal((n, n)) / np.sqrt(n), "float64") for _ in range(8)]
+    s = runtime.Stream(DEV)
+    events = [runtime.Event(DEV) for _ in range(3)]
+    with runtime.stream(s):
+        events[0].record()
+        y = _chain(x, ws)
+        events[1].record()
+        _chain(y, ws)
+        events[2].record(s)
+    events[2].synchronize()
+    assert all(e.query() for e in events)
+    first, both = events[0].elapsed_ms(events[1]), events[0].elapsed_ms(events[2])
+    assert 0 <= first <= both
+    assert events[1].elapsed_ms(events[2]) >= 0
+
+
+@sim_only
+def test_elapsed_needs_recorded_events():
+    a, b = runtime.Event(DEV), runtime.Event(DEV)
+    assert a.query()  # nothing recorded: nothing pending
+    b.record()
+    b.synchronize()
+    with pytest.raises(RuntimeError, match="never recorded"):
+        a.elapsed_ms(b)
+
+
+@sim_only
+def test_stream_and_event_reject_other_devices():
+    if NDEV < 2:
+        pytest.skip("needs two devices")
+    s, e = runtime.Stream("sim:0"), runtime.Event("sim:1")
+    with pytest.raises(ValueError, match="different devices"):
+        s.wait_event(e)
+    with pytest.raises(ValueError, match="belongs to"):
+        e.record(s)
+
+
+@sim_only
+def test_destroyed_stream_is_rejected():
+    x = to_device(np.ones(4), "float64")
+    s = runtime.Stream(DEV)
+    prev = runtime.current_stream(DEV)
+    _C.set_current_stream(s)
+    try:
+        del s  # destroys the stream; the thread's current stream now names a dead one
+        gc.collect()
+        with pytest.raises(ValueError, match="not a live sim stream"):
+            op("neg", [x])
+    finally:
+        _C.set_current_stream(prev)
+    (y,) = op("neg", [x])
+    np.testing.assert_array_equal(y.numpy(), -np.ones(4))
+
+
+def test_stream_synchronize_and_default_stream():
+    a = np.arange(12.0).reshape(3, 4)
+    s = runtime.Stream(DEV)
+    with runtime.stream(s):
+        assert runtime.current_stream(DEV) is not None
+        (y,) = op("neg", [to_device(a, "float64")])
+    s.synchronize()
+    runtime.default_stream(DEV).synchronize()
+    np.testing.assert_array_equal(y.numpy(), -a)
+
+
+# ---- allocator ----
+
+
+def test_allocator_statistics():
+    _settle()
+    base = runtime.memory_stats(DEV)
+    t = _C.empty([1024], "float32", DEV)  # 4096 bytes: a multiple of every runtime's rounding
+    s = runtime.memory_stats(DEV)
+    assert s["allocated"] == base["allocated"] + 4096
+    assert s["num_allocs"] == base["num_allocs"] + 1
+    assert s["reserved"] >= s["allocated"]
+    assert s["peak_allocated"] >= s["allocated"]
+    del t
+    _settle()
+    assert runtime.memory_allocated(DEV) == base["allocated"]
+
+    runtime.reset_peak_memory_stats(DEV)
+    assert runtime.max_memory_allocated(DEV) == base["allocated"]
+    big = _C.empty([3 << 20], "uint8", DEV)
+    peak = runtime.max_memory_allocated(DEV)
+    assert peak >= base["allocated"] + (3 << 20)
+    del big
+    _settle()
+    assert runtime.max_memory_allocated(DEV) == peak  # the peak stays until reset
+    runtime.reset_peak_memory_stats(DEV)
+    assert runtime.max_memory_allocated(DEV) == runtime.memory_allocated(DEV) == base["allocated"]
+
+
+@sim_only
+def test_sim_allocator_rounds_and_caches():
+    _settle()
+    base = runtime.memory_stats(DEV)
+    t = _C.empty([1], "float32", DEV)
+    assert runtime.memory_allocated(DEV) == base["allocated"] + 512  # rounded up to 512 bytes
+    z = _C.empty([0], "float32", DEV)  # empty tensors still get a distinct block
+    assert runtime.memory_allocated(DEV) == base["allocated"] + 1024
+    del t, z
+    _settle()
+    reserved = runtime.memory_stats(DEV)["reserved"]
+    for _ in range(20):  # freed blocks come back from the cache
+        u = _C.empty([5 << 18], "float32", DEV)
+        del u
+        _settle()
+    after = runtime.memory_stats(DEV)
+    assert after["reserved"] <= reserved + (6 << 20)  # at most one new 2 MiB-rounded segment
+    assert after["allocated"] == base["allocated"]
+    assert after["reserved"] >= after["allocated"]
+
+
+@sim_only
+def test_freed_block_waits_for_busy_streams():
+    """A block freed while a stream is busy is not handed out again before that stream passed the free."""
+    gen = np.random.default_rng()
+    n = 256
+    x = to_device(gen.standard_normal((n, n)), "float64")
+    ws = [to_device(gen.standard_normal((n, n)) / np.sqrt(n), "float64") for _ in range(40)]
+    s, passed = runtime.Stream(DEV), runtime.Event(DEV)
+    with runtime.stream(s):
+        _chain(x, ws)  # keeps stream s busy for a while
+        passed.record()
+    m = 3 << 18  # 3 MiB of float32
+    buf = _C.empty([m], "float32", DEV)
+    addr = buf.data_ptr
+    del buf  # queued work on s could still be using it (through raw pointers)
+    again = _C.empty([m], "float32", DEV)
+    if not passed.query():  # s was still busy when `again` was allocated
+        assert again.data_ptr != addr
+    s.synchronize()
+    second = again.data_ptr
+    del again
+    third = _C.empty([m], "float32", DEV)  # every stream is idle: a cached block comes back
+    assert third.data_ptr in (addr, second)
+
+
+def test_threads_allocate_copy_compute_and_free():
+    """8 threads at once, each on its own device and stream: results match NumPy and nothing leaks."""
+    _settle()
+    for d in DEVICES:
+        _settle(d)
+    start = {d: runtime.memory_allocated(d) for d in DEVICES}
+    errors = []
+
+    def work(i):
+        try:
+            dev = DEVICES[i % len(DEVICES)]
+            gen = np.random.default_rng(i)
+            s = runtime.Stream(dev)
+            with runtime.stream(s):
+                for it in range(6):
+                    a = gen.standard_normal((24 + i, 16))
+                    b = gen.standard_normal((16, 8 + it))
+                    ta, tb = to_device(a, "float64", dev), to_device(b, "float64", dev)
+                    (c,) = op("matmul", [ta, tb], [0, 0])
+                    (d,) = op("relu", [c])
+                    (e,) = op("add", [d, c])
+                    (f,) = op("sum", [e], [[1], 0])
+                    ref = a @ b
+                    np.testing.assert_allclose(f.numpy(), (np.maximum(ref, 0) + ref).sum(1), rtol=1e-12, atol=1e-12)
+                    del ta, tb, c, d, e, f
+            s.synchronize()
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+    for d in DEVICES:
+        _settle(d)
+        assert runtime.memory_allocated(d) == start[d], f"{d} leaked"
+
+
+# ---- errors ----
+
+
+def test_kernel_error_surfaces_by_the_next_synchronize():
+    w = to_device(np.ones((4, 3)), "float32")
+    idx = to_device(np.array([0, 7]), "int64")
+    with pytest.raises(IndexError, match="out of range"):
+        op("embedding", [w, idx])
+        runtime.synchronize(DEV)
+    runtime.synchronize(DEV)  # reported once
+    (ok,) = op("embedding", [w, to_device(np.array([3, 1]), "int64")])
+    np.testing.assert_array_equal(ok.numpy(), np.ones((2, 3), np.float32))
+
+
+@sim_only
+def test_async_error_is_sticky_until_raised_with_its_type():
+    w = to_device(np.ones((4, 3)), "float32")
+    bad = to_device(np.array([5]), "int64")
+    s = runtime.Stream(DEV)
+    with runtime.stream(s):
+        op("embedding", [w, bad])  # returns at once: the kernel runs later on the stream
+    with pytest.raises(IndexError, match="out of range"):
+        s.synchronize()
+    s.synchronize()
+    op("embedding", [w, bad])
+    with pytest.raises(IndexError):
+        w.numpy()  # a synchronous copy is a synchronisation point too
+    assert w.numpy().shape == (4, 3)
+
+
+@sim_only
+def test_host_access_to_device_memory_faults():
+    proc = _subprocess("""
+        import ctypes
+        import infinitrain.backends
+        from infinitrain import _C
+        infinitrain.backends.register("sim")
+        t = _C.from_numpy(__import__("numpy").ones(256, "float32"), "float32", "sim:0")
+        assert t.numpy().sum() == 256  # the runtime's own copies work
+        print("reading", hex(t.data_ptr), flush=True)
+        ctypes.c_float.from_address(t.data_ptr).value
+        print("no fault")
+    """)
+    assert "reading" in proc.stdout, proc.stderr
+    assert "no fault" not in proc.stdout
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stderr)
+
+
+@sim_only
+def test_bad_device_count_setting_errors_at_first_use():
+    proc = _subprocess(
+        """
+        import infinitrain.backends
+        from infinitrain import _C
+        infinitrain.backends.register("sim")  # registration touches no device
+        try:
+            _C.device_count("sim")
+        except ValueError as e:
+            print("error:", e)
+        """,
+        INFINITRAIN_SIM_DEVICES="many",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "error:" in proc.stdout and "INFINITRAIN_SIM_DEVICES" in proc.stdout, proc.stdout
+
+
+@sim_only
+def test_skip_ops_setting_leaves_ops_to_the_cpu_fallback():
+    proc = _subprocess(
+        """
+        import numpy as np
+        import infinitrain.backends
+        from infinitrain import _C
+        infinitrain.backends.register("sim")
+        print(_C.op("relu").has_kernel("sim"), _C.op("gelu_tanh").has_kernel("sim"), _C.op("add").has_kernel("sim"))
+        x = _C.from_numpy(np.array([-1.0, 2.0]), "float64", "sim:1")
+        try:
+            _C.op("relu")([x], [])
+        except NotImplementedError:
+            print("missing")
+        _C.set_cpu_fallback(True)
+        (y,) = _C.op("relu")([x], [])
+        print(y.device, y.numpy().tolist())
+        """,
+        INFINITRAIN_SIM_SKIP_OPS="relu, gelu_tanh",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["False False True", "missing", "sim:1 [0.0, 2.0]"], proc.stdout
+    assert "CPU fallback" in proc.stderr  # warned once
