@@ -13,25 +13,25 @@ from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
 V, T = 61, 16
 
 
-def tiny(kind):
+def tiny(kind, device=DEVICE):
     if kind == "gpt2":
         return GPT2(
-            GPT2Config(block_size=T, vocab_size=V, padded_vocab_size=64, n_layer=2, n_head=2, n_embd=32), DEVICE
+            GPT2Config(block_size=T, vocab_size=V, padded_vocab_size=64, n_layer=2, n_head=2, n_embd=32), device
         )
     # norm_eps exactly representable in float32, so a model re-read from an llm.c file is identical.
     cfg = LLaMA3Config(T, V, 2, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=2.0**-17, rope_theta=1e4)
-    return LLaMA3(cfg, DEVICE)
+    return LLaMA3(cfg, device)
 
 
-def train(kind, steps, data, seed=3, dtype="float32"):
+def train(kind, steps, data, seed=3, dtype="float32", device=DEVICE):
     it.manual_seed(seed)
-    model = tiny(kind)
+    model = tiny(kind, device)
     opt = it.optim.AdamW(list(model.parameters()), lr=1e-2, weight_decay=0.0)
-    x, y = it.from_numpy(data[:, :-1], device=DEVICE), it.from_numpy(data[:, 1:], device=DEVICE)
+    x, y = it.from_numpy(data[:, :-1], device=device), it.from_numpy(data[:, 1:], device=device)
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        with it.amp.autocast(DEVICE, enabled=dtype == "bfloat16"):
+        with it.amp.autocast(device, dtype="bfloat16", enabled=dtype == "bfloat16"):
             _, loss = model(x, y)
         loss.backward()
         it.optim.clip_grad_norm_(list(model.parameters()), 1.0)
@@ -53,6 +53,17 @@ def test_loss_falls_in_20_steps(kind, dtype):
     _, losses = train(kind, 20, batch(), dtype=dtype)
     assert losses[0] == pytest.approx(np.log(V), abs=0.3)  # small init: near-uniform predictions
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="compares the device under test with the cpu")
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
+def test_loss_curve_matches_cpu(kind, dtype, tol):
+    """DESIGN.md's bar: a tiny model's loss curve on a device matches the CPU curve step by step."""
+    data = batch()
+    _, on_device = train(kind, 10, data, dtype=dtype)
+    _, on_cpu = train(kind, 10, data, dtype=dtype, device="cpu")
+    np.testing.assert_allclose(on_device, on_cpu, rtol=0, atol=tol)
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama3"])
