@@ -31,7 +31,7 @@ def provider_deps():
         "//conditions:default": [],
     })
 
-def provider_extension(name, srcs, deps = [], visibility = None):
+def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
     """A provider's pybind11 module `name` (exposing register_backend()) as a py_library of the same name.
 
     The module links the core's shared library instead of the core itself, so
@@ -40,7 +40,7 @@ def provider_extension(name, srcs, deps = [], visibility = None):
     native.cc_binary(
         name = name + ".so",
         srcs = srcs + ["//python:infinitrain/libinfinitrain.so"],
-        copts = ["-fvisibility=hidden"],
+        copts = ["-fvisibility=hidden"] + copts,
         linkshared = True,
         linkstatic = True,
         deps = deps + [

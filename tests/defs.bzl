@@ -1,13 +1,13 @@
 """infinitrain_py_test: one pytest file as a py_test that runs on the device under test."""
 
-def infinitrain_py_test(name, src, size = "medium", tags = [], data = [], shard_count = None):
+def infinitrain_py_test(name, src, size = "medium", tags = [], data = [], deps = [], shard_count = None):
     native.py_test(
         name = name,
         srcs = [src, "pytest_main.py"],
         main = "pytest_main.py",
         args = ["$(location %s)" % src],
         data = data + ["conftest.py", "harness.py", "//docs:ops.md"],
-        deps = ["//python:infinitrain"],
+        deps = ["//python:infinitrain"] + deps,
         size = size,
         tags = tags,
         shard_count = shard_count,

@@ -38,8 +38,13 @@ def register(name):
 
 
 def _resolve(name):
-    """Called by the core for an unknown device name: registers a provider of that name if one is built."""
-    if _C.privateuse1() is not None or name not in available():
-        return False
+    """Called by the core for an unknown device name while no provider is registered: registers the provider
+    of that name if this build has one, else raises an error listing what exists."""
+    if name not in available():
+        built = ", ".join(available()) or "none"
+        raise ValueError(
+            f"unknown device type '{name}': known types are cpu and the providers built in ({built}), "
+            "which register on first use"
+        )
     register(name)
     return True

@@ -1,0 +1,141 @@
+"""The provider mechanism, with the test-only providers `fake` and `fake2`
+(tests/fake_provider: host memory, kernels for fill_, cast, add, mul and
+sigmoid only). One provider per process, so each case runs in a subprocess."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from infinitrain import backends
+
+
+def run_py(code):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("INFINITRAIN_CPU_FALLBACK", None)
+    prelude = "import numpy as np, warnings\nimport infinitrain as it\nfrom infinitrain import _C\n"
+    p = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def test_built_in_providers_are_listed():
+    assert {"fake", "fake2"} <= set(backends.available())
+
+
+def test_register_is_idempotent_and_reports_what_it_registered():
+    out = run_py("""
+        info = it.backends.register("fake")
+        assert info == {"name": "fake", "autocast_dtype": "float16", "capabilities": ["test-only"]}, info
+        assert it.backends.register("fake") == info
+        assert it.amp.default_dtype("fake:1") == "float16"
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_a_second_provider_is_refused():
+    run_py("""
+        it.backends.register("fake")
+        try:
+            it.backends.register("fake2")
+        except RuntimeError as e:
+            assert "cannot register provider 'fake2'" in str(e) and "'fake' already holds" in str(e), e
+        else:
+            raise AssertionError("registered two providers")
+    """)
+
+
+def test_first_use_of_the_device_name_registers_the_provider():
+    run_py("""
+        assert it.backends.registered() is None
+        a = np.arange(6.0).reshape(2, 3)
+        x = it.from_numpy(a, device="fake:1")
+        assert it.backends.registered()["name"] == "fake"
+        assert x.device == "fake:1"
+        np.testing.assert_array_equal((x + x * x).numpy(), a + a * a)
+    """)
+
+
+def test_unknown_devices_and_indices_are_clear_errors():
+    run_py("""
+        try:
+            it.zeros(3, device="nosuch:0")
+        except ValueError as e:
+            assert "unknown device type 'nosuch'" in str(e) and "fake" in str(e), e
+        else:
+            raise AssertionError
+        it.backends.register("fake")
+        for spec, msg in [("fake:2", "fake:2 does not exist: fake has 2 device(s)"),
+                          ("fake2:0", "registered device types are cpu, fake"),
+                          ("fake:x", "expected '<type>' or '<type>:<index>'")]:
+            try:
+                it.zeros(3, device=spec)
+            except ValueError as e:
+                assert msg in str(e), (spec, e)
+            else:
+                raise AssertionError(spec)
+    """)
+
+
+def test_a_missing_op_names_op_device_and_provider():
+    run_py("""
+        x = it.ones(4, device="fake:0")
+        try:
+            x - x
+        except NotImplementedError as e:
+            assert str(e) == "op 'sub' has no kernel for device fake:0 (provider 'fake')", e
+        else:
+            raise AssertionError
+    """)
+
+
+def test_cpu_fallback_runs_missing_ops_and_warns_once_per_op():
+    run_py("""
+        _C.set_cpu_fallback(True)
+        a = np.random.default_rng().standard_normal((3, 5))
+        x = it.from_numpy(a, device="fake:0")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            y = x - x * 3.0   # sub and affine fall back; mul is native
+            z = x - x
+            e = x.exp()
+        assert y.device == "fake:0"
+        np.testing.assert_allclose(y.numpy(), a - 3 * a, rtol=1e-15)
+        np.testing.assert_allclose(e.numpy(), np.exp(a), rtol=1e-15)
+        msgs = sorted(str(m.message) for m in w)
+        assert len(msgs) == 3, msgs  # sub, affine, exp: each once
+        assert all("running it on the CPU (CPU fallback)" in m for m in msgs), msgs
+    """)
+
+
+def test_fused_ops_without_kernels_run_their_composites():
+    run_py("""
+        from infinitrain import functional as F
+        a = np.random.default_rng().standard_normal((4, 7))
+        x = it.from_numpy(a, device="fake:0")
+        y = F.silu(x)   # composite: x * sigmoid(x), both native here; no fallback is on
+        np.testing.assert_allclose(y.numpy(), a / (1 + np.exp(-a)), rtol=1e-14)
+    """)
+
+
+def test_conformance_report_shows_how_the_provider_runs_each_op():
+    run_py("""
+        from infinitrain.tools import conformance
+        it.backends.register("fake")
+        rep = conformance.run("fake", ops=["add", "sub", "silu"])
+        how = {(r["op"], r["dtype"]): (r["how"], r["status"]) for r in rep["records"]}
+        assert how[("add", "float64")] == ("native", "pass"), how
+        assert how[("sub", "float64")][0] == "missing" and how[("sub", "float64")][1] != "pass", how
+        assert how[("silu", "float64")] == ("composite", "pass"), how
+    """)
+
+
+def test_registration_touches_no_hardware():
+    # The fake runtime counts nothing until first use; registering must not allocate.
+    run_py("""
+        it.backends.register("fake")
+        assert _C.memory_stats("fake:0")["num_allocs"] == 0
+    """)
