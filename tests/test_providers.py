@@ -7,7 +7,13 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from infinitrain import backends
+
+pytestmark = pytest.mark.skipif(
+    "fake" not in backends.available(), reason="needs the test-only providers: bazel test //tests:test_providers"
+)
 
 
 def run_py(code):
