@@ -1,36 +1,16 @@
-"""Tests for infinitrain.checkpoint (pure NumPy; needs no C++ extension)."""
+"""Tests for infinitrain.checkpoint: the container format, atomic writes and llm.c model files."""
 
 import hashlib
-import importlib.util
 import json
 import os
 import re
 import struct
-import sys
 
 import numpy as np
 import pytest
 
-_PKG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "infinitrain")
+from infinitrain import checkpoint as ckpt
 
-
-def _import_checkpoint():
-    try:
-        from infinitrain import checkpoint
-
-        return checkpoint
-    except ImportError:
-        # The package __init__ may need the C++ extension; checkpoint.py stands alone, so load it by path.
-        spec = importlib.util.spec_from_file_location(
-            "_infinitrain_checkpoint", os.path.join(_PKG_DIR, "checkpoint.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-
-ckpt = _import_checkpoint()
 rng = np.random.default_rng()
 
 DTYPES = ["<f4", "<f8", "<i8", "<i4", "<u2", "|u1", "|b1"]

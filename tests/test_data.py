@@ -1,6 +1,5 @@
-"""Tests for infinitrain.data (pure NumPy; needs neither the C++ extension nor the network by default)."""
+"""Tests for infinitrain.data: token and tokenizer files, the Shakespeare corpus (network, opt-in), the loader."""
 
-import importlib.util
 import io
 import json
 import os
@@ -12,28 +11,8 @@ import tarfile
 import numpy as np
 import pytest
 
-_PKG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "infinitrain")
+from infinitrain import data
 
-
-def _import_data():
-    try:
-        from infinitrain import data
-
-        return data
-    except ImportError:
-        # The package __init__ may need the C++ extension; data/ is self-contained, so load it by path.
-        spec = importlib.util.spec_from_file_location(
-            "_infinitrain_data",
-            os.path.join(_PKG_DIR, "data", "__init__.py"),
-            submodule_search_locations=[os.path.join(_PKG_DIR, "data")],
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-
-data = _import_data()
 tokens_mod = data.tokens
 shakespeare = data.shakespeare
 DataLoader = data.DataLoader

@@ -12,7 +12,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .tokens import HEADER_BYTES, HEADER_WORDS, atomic_write_file
+from ..checkpoint import atomic_write
+from .tokens import HEADER_BYTES, HEADER_WORDS
 
 TOKENIZER_MAGIC_GPT2 = 20240328
 TOKENIZER_MAGIC_LLAMA3 = 20240801
@@ -138,4 +139,4 @@ class ByteTokenizer:
             body += bytes((1, b))
         body += bytes((len(EOT_TEXT),)) + EOT_TEXT
 
-        atomic_write_file(path, lambda f: f.write(bytes(body)))
+        atomic_write(path, lambda f: f.write(bytes(body)))

@@ -7,10 +7,10 @@ GPT-2 files hold uint16 tokens, LLaMA 3 files uint32 tokens (llm.c's dev/data co
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Callable
 
 import numpy as np
+
+from ..checkpoint import atomic_write
 
 HEADER_WORDS = 256
 HEADER_BYTES = HEADER_WORDS * 4
@@ -30,43 +30,6 @@ _KINDS = {
 }
 _MAGIC_TO_KIND = {magic: kind for kind, (magic, _, _) in _KINDS.items()}
 _KIND_NAMES = {"gpt2": "GPT-2", "llama3": "LLaMA 3"}
-
-
-def atomic_write_file(path: str | os.PathLike, write_fn: Callable) -> None:
-    """Writes `path` via a same-directory temp file + fsync + rename, so readers never see a partial file."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        # mkstemp makes 0600 files; cached data should be readable like any normal file.
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            write_fn(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    # Makes the rename itself durable; not every platform/filesystem allows fsync on a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def token_dtype(kind: str) -> np.dtype:
@@ -104,7 +67,7 @@ def write_tokens(path: str | os.PathLike, tokens, kind: str = "gpt2") -> None:
         f.write(header.tobytes())
         f.write(payload.tobytes())
 
-    atomic_write_file(path, write)
+    atomic_write(path, write)
 
 
 def read_tokens_header(path: str | os.PathLike) -> tuple[str, int, int]:
