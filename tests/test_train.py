@@ -85,7 +85,7 @@ def test_corrupt_checkpoint_is_refused(corpus, tmp_path):
     [
         (["--dtype=float16"], "float16"),
         (["--total_batch_size=100"], "must be a multiple of"),
-        (["--device=nosuch"], "unknown device 'nosuch'"),
+        (["--device=nosuch"], "unknown device type 'nosuch'"),
         (["--batch_size=0"], "batch_size"),
         (["--resume"], "--resume needs --checkpoint_dir"),
         (["--input_bin=/nonexistent/file.bin"], "/nonexistent/file.bin"),
