@@ -199,7 +199,19 @@ PYBIND11_MODULE(_C, m) {
 
     py::class_<Tensor>(m, "Tensor")
         .def_property_readonly("shape", [](const Tensor& t) { return ShapeTuple(t.shape()); })
-        .def_property_readonly("dtype", [](const Tensor& t) { return std::string(DataTypeName(t.dtype())); })
+        .def_property_readonly("dtype",
+                               [](const Tensor& t) {
+                                   // Interned names: this is read on every op's Python path.
+                                   static py::str* names = [] {
+                                       auto* n = new py::str[kNumDataTypes];
+                                       for (int i = 0; i < kNumDataTypes; ++i) {
+                                           n[i] = py::reinterpret_steal<py::str>(
+                                               PyUnicode_InternFromString(DataTypeName(static_cast<DataType>(i))));
+                                       }
+                                       return n;
+                                   }();
+                                   return names[static_cast<int>(t.dtype())];
+                               })
         .def_property_readonly("device", [](const Tensor& t) { return t.device().ToString(); })
         .def_property_readonly("numel", &Tensor::numel)
         .def_property_readonly("nbytes", &Tensor::nbytes)

@@ -133,8 +133,6 @@ class Tensor:
                 dtype = a
             else:
                 device = a
-        from infinitrain import functional as F
-
         out = self
         if device is not None and _C.parse_device(device) != self.device:
             out = F.to_device(out, device)
@@ -161,8 +159,6 @@ class Tensor:
         return self
 
     def clone(self):
-        from infinitrain import functional as F
-
         return F.clone(self)
 
     # ---- in-place (no autograd) ----
@@ -198,8 +194,6 @@ class Tensor:
 
     # ---- shape ----
     def reshape(self, *shape):
-        from infinitrain import functional as F
-
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         return F.reshape(self, shape)
@@ -228,8 +222,6 @@ class Tensor:
         return self.reshape(self.shape[:dim] + self.shape[dim + 1 :])
 
     def permute(self, *dims):
-        from infinitrain import functional as F
-
         if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
             dims = dims[0]
         return F.permute(self, dims)
@@ -244,15 +236,11 @@ class Tensor:
         return self.permute(tuple(range(self.ndim))[::-1])
 
     def expand(self, *shape):
-        from infinitrain import functional as F
-
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = shape[0]
         return F.expand(self, shape)
 
     def split(self, split_size, dim=-1):
-        from infinitrain import functional as F
-
         return F.split(self, split_size, dim)
 
     def chunk(self, chunks, dim=-1):
@@ -261,61 +249,59 @@ class Tensor:
         return self.split(size, dim)
 
     def __getitem__(self, index):
-        from infinitrain import functional as F
-
         return F.getitem(self, index)
 
     # ---- arithmetic ----
     def __add__(self, o):
-        return _F().add(self, o)
+        return F.add(self, o)
 
     def __radd__(self, o):
-        return _F().add(self, o)
+        return F.add(self, o)
 
     def __sub__(self, o):
-        return _F().sub(self, o)
+        return F.sub(self, o)
 
     def __rsub__(self, o):
-        return _F().add(_F().neg(self), o)
+        return F.add(F.neg(self), o)
 
     def __mul__(self, o):
-        return _F().mul(self, o)
+        return F.mul(self, o)
 
     def __rmul__(self, o):
-        return _F().mul(self, o)
+        return F.mul(self, o)
 
     def __truediv__(self, o):
-        return _F().div(self, o)
+        return F.div(self, o)
 
     def __rtruediv__(self, o):
-        return _F().mul(_F().pow(self, -1.0), o)
+        return F.mul(F.pow(self, -1.0), o)
 
     def __neg__(self):
-        return _F().neg(self)
+        return F.neg(self)
 
     def __pow__(self, p):
-        return _F().pow(self, p)
+        return F.pow(self, p)
 
     def __matmul__(self, o):
-        return _F().matmul(self, o)
+        return F.matmul(self, o)
 
     def __eq__(self, o):
-        return _F().compare("eq", self, o)
+        return F.compare("eq", self, o)
 
     def __ne__(self, o):
-        return _F().compare("ne", self, o)
+        return F.compare("ne", self, o)
 
     def __lt__(self, o):
-        return _F().compare("lt", self, o)
+        return F.compare("lt", self, o)
 
     def __le__(self, o):
-        return _F().compare("le", self, o)
+        return F.compare("le", self, o)
 
     def __gt__(self, o):
-        return _F().compare("gt", self, o)
+        return F.compare("gt", self, o)
 
     def __ge__(self, o):
-        return _F().compare("ge", self, o)
+        return F.compare("ge", self, o)
 
     __hash__ = object.__hash__
 
@@ -323,70 +309,64 @@ class Tensor:
         return self.__add__(o)
 
     def matmul(self, o):
-        return _F().matmul(self, o)
+        return F.matmul(self, o)
 
     def sum(self, dim=None, keepdim=False):
-        return _F().sum(self, dim, keepdim)
+        return F.sum(self, dim, keepdim)
 
     def mean(self, dim=None, keepdim=False):
-        return _F().mean(self, dim, keepdim)
+        return F.mean(self, dim, keepdim)
 
     def amax(self, dim=None, keepdim=False):
-        return _F().amax(self, dim, keepdim)
+        return F.amax(self, dim, keepdim)
 
     def max(self, dim=None, keepdim=False):
-        return _F().amax(self, dim, keepdim)
+        return F.amax(self, dim, keepdim)
 
     def argmax(self, dim=-1, keepdim=False):
-        return _F().argmax(self, dim, keepdim)
+        return F.argmax(self, dim, keepdim)
 
     def exp(self):
-        return _F().exp(self)
+        return F.exp(self)
 
     def log(self):
-        return _F().log(self)
+        return F.log(self)
 
     def sqrt(self):
-        return _F().sqrt(self)
+        return F.sqrt(self)
 
     def rsqrt(self):
-        return _F().rsqrt(self)
+        return F.rsqrt(self)
 
     def tanh(self):
-        return _F().tanh(self)
+        return F.tanh(self)
 
     def sigmoid(self):
-        return _F().sigmoid(self)
+        return F.sigmoid(self)
 
     def relu(self):
-        return _F().relu(self)
+        return F.relu(self)
 
     def abs(self):
-        return _F().abs(self)
+        return F.abs(self)
 
     def softmax(self, dim=-1):
-        return _F().softmax(self, dim)
+        return F.softmax(self, dim)
 
     def log_softmax(self, dim=-1):
-        return _F().log_softmax(self, dim)
+        return F.log_softmax(self, dim)
 
     def masked_fill(self, mask, value):
-        return _F().masked_fill(self, mask, value)
+        return F.masked_fill(self, mask, value)
 
     def tril(self, k=0):
-        return _F().tril(self, k)
+        return F.tril(self, k)
 
     def triu(self, k=0):
-        return _F().triu(self, k)
+        return F.triu(self, k)
 
     def clamp(self, low=None, high=None):
-        return _F().clamp(self, low, high)
-
-
-def _F():
-    from infinitrain import functional
-
-    return functional
+        return F.clamp(self, low, high)
 
 
 # ---- creation ----
@@ -466,3 +446,7 @@ def rand(*shape, dtype="float32", device="cpu", requires_grad=False, generator=N
 
 def arange(n, dtype="int64", device="cpu"):
     return from_numpy(np.arange(n), dtype=dtype, device=device)
+
+
+# Imported last: functional needs Tensor, and Tensor's methods need functional.
+from infinitrain import functional as F  # noqa: E402
