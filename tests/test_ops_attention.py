@@ -5,22 +5,9 @@ import math
 import numpy as np
 import pytest
 
-import harness
-from harness import DEVICE, assert_close, randn, rng, round_to, run
-from infinitrain import _C
+from harness import assert_close, randn, rng, round_to, run, to_device
 
 DTYPES = ("float32", "bfloat16", "float64")
-
-
-def to_device(a, dtype):
-    # harness.to_device evaluates np.dtype(dtype) eagerly, which raises for "bfloat16", and np.ascontiguousarray
-    # turns a 0-d array into shape (1,); handle both here.
-    a = np.asarray(a)
-    if dtype == "bfloat16":
-        t = _C.from_numpy(np.ascontiguousarray(a, dtype=np.float32), "bfloat16", DEVICE)
-    else:
-        t = harness.to_device(a, dtype)
-    return t.reshape(list(a.shape)) if t.shape != a.shape else t
 
 
 def stat_dtype(dtype):

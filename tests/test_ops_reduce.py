@@ -5,8 +5,7 @@ import warnings
 import numpy as np
 import pytest
 
-from harness import DEVICE, assert_close, randn, rng, round_to, run, to_device
-from infinitrain import _C
+from harness import assert_close, randn, rng, round_to, run, to_device
 
 DTYPES = ("float32", "bfloat16", "float64")
 
@@ -45,23 +44,13 @@ def _input(shape, dtype):
     return round_to(randn(*shape), dtype).reshape(shape)
 
 
-def dev(x, dtype):
-    """harness.to_device, except: its np.ascontiguousarray makes 0-d arrays 1-d (reshape back), and it
-    evaluates np.dtype(dtype) eagerly, which raises for "bfloat16" (build that case here)."""
-    if dtype == "bfloat16":
-        t = _C.from_numpy(np.ascontiguousarray(x, dtype=np.float32), "bfloat16", DEVICE)
-    else:
-        t = to_device(x, dtype)
-    return t.reshape(list(np.shape(x)))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,dims", CASES)
 @pytest.mark.parametrize("keepdim", [0, 1])
 @pytest.mark.parametrize("op,ref", [("sum", np.sum), ("mean", np.mean), ("amax", np.max)])
 def test_reduce(op, ref, shape, dims, keepdim, dtype):
     x = _input(shape, dtype)
-    (out,) = run(op, [dev(x, dtype)], [dims, keepdim])
+    (out,) = run(op, [to_device(x, dtype)], [dims, keepdim])
     assert out.dtype == dtype
     expected = np.asarray(ref(x, axis=_axis(dims), keepdims=bool(keepdim)))
     assert_close(out, expected, dtype, what=f"{op}{shape} dims={dims} keepdim={keepdim}")
@@ -73,7 +62,7 @@ def test_reduce(op, ref, shape, dims, keepdim, dtype):
 def test_sum_mean_empty(shape, dims, keepdim, dtype):
     x = np.zeros(shape)
     for op, ref in (("sum", np.sum), ("mean", np.mean)):
-        (out,) = run(op, [dev(x, dtype)], [dims, keepdim])
+        (out,) = run(op, [to_device(x, dtype)], [dims, keepdim])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             expected = np.asarray(ref(x, axis=_axis(dims), keepdims=bool(keepdim)))
@@ -89,7 +78,7 @@ def test_sum_mean_accumulate_in_double(dtype):
     x = round_to(rng().uniform(0.5, 1.5, size=(3, 40001, 2)), dtype)
     for op, ref in (("sum", np.sum), ("mean", np.mean)):
         for dims in ([], [1], [0, 1]):
-            (out,) = run(op, [dev(x, dtype)], [dims, 0])
+            (out,) = run(op, [to_device(x, dtype)], [dims, 0])
             assert_close(out, ref(x, axis=_axis(dims)), dtype, what=f"{op} dims={dims}")
 
 
@@ -98,7 +87,7 @@ def test_sum_mean_accumulate_in_double(dtype):
 def test_amax_nan_propagates(dims, dtype):
     x = _input((3, 4, 5), dtype)
     x[1, 2, 3] = np.nan
-    (out,) = run("amax", [dev(x, dtype)], [dims, 0])
+    (out,) = run("amax", [to_device(x, dtype)], [dims, 0])
     expected = np.max(x, axis=_axis(dims))
     got = out.numpy().astype(np.float64)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
@@ -125,11 +114,11 @@ def test_argmax(shape, dim, keepdim, dtype):
     g = rng()
     # Small integers: exact in every dtype and full of ties, so "first max wins" is exercised.
     x = g.integers(-3, 4, size=shape).astype(np.float64)
-    (out,) = run("argmax", [dev(x, dtype)], [dim, keepdim])
+    (out,) = run("argmax", [to_device(x, dtype)], [dim, keepdim])
     assert out.dtype == "int64"
     np.testing.assert_array_equal(out.numpy(), np.argmax(x, axis=dim, keepdims=bool(keepdim)))
     x = _input(shape, dtype)
-    (out,) = run("argmax", [dev(x, dtype)], [dim, keepdim])
+    (out,) = run("argmax", [to_device(x, dtype)], [dim, keepdim])
     np.testing.assert_array_equal(out.numpy(), np.argmax(x, axis=dim, keepdims=bool(keepdim)))
 
 
@@ -139,7 +128,7 @@ def test_argmax_nan_is_max(dtype):
     x[1, 4] = np.nan
     x[1, 5] = np.nan
     x[2, 0] = np.nan
-    (out,) = run("argmax", [dev(x, dtype)], [1, 0])
+    (out,) = run("argmax", [to_device(x, dtype)], [1, 0])
     np.testing.assert_array_equal(out.numpy(), np.argmax(x, axis=1))
 
 
@@ -147,7 +136,7 @@ def test_argmax_nan_is_max(dtype):
 @pytest.mark.parametrize("shape", [(), (1,), (17,), (3, 33), (2, 3, 65), (0, 4), (70001,)])
 def test_sum_squares(shape, dtype):
     x = _input(shape, dtype)
-    (out,) = run("sum_squares", [dev(x, dtype)])
+    (out,) = run("sum_squares", [to_device(x, dtype)])
     out_dtype = "float64" if dtype == "float64" else "float32"
     assert out.dtype == out_dtype and out.shape == ()
     # The result is float32 even for bfloat16 input, so float32's tolerance applies.

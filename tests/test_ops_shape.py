@@ -7,8 +7,7 @@ in every dtype the schema allows ("all" for all but tril/triu).
 import numpy as np
 import pytest
 
-from harness import DEVICE, randn, rng, round_to, run, to_device
-from infinitrain import _C
+from harness import randn, rng, round_to, run, to_device
 
 FLOATS = ("float32", "bfloat16", "float64")
 ALL = ("float32", "bfloat16", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
@@ -24,16 +23,6 @@ def _input(shape, dtype):
     if dtype == "uint8":
         return g.integers(0, 256, size=shape).astype(np.float64)
     return round_to(randn(*shape, gen=g), dtype).reshape(shape)
-
-
-def dev(x, dtype):
-    """harness.to_device, except: its np.ascontiguousarray makes 0-d arrays 1-d (reshape back), and it
-    evaluates np.dtype(dtype) eagerly, which raises for "bfloat16" (build that case here)."""
-    if dtype == "bfloat16":
-        t = _C.from_numpy(np.ascontiguousarray(x, dtype=np.float32), "bfloat16", DEVICE)
-    else:
-        t = to_device(x, dtype)
-    return t.reshape(list(np.shape(x)))
 
 
 def check_equal(out, expected, dtype, what=""):
@@ -66,12 +55,12 @@ def check_equal(out, expected, dtype, what=""):
 )
 def test_permute(shape, dims, dtype):
     x = _input(shape, dtype)
-    (out,) = run("permute", [dev(x, dtype)], [dims])
+    (out,) = run("permute", [to_device(x, dtype)], [dims])
     check_equal(out, np.transpose(x, dims), dtype, f"permute{shape} {dims}")
 
 
 def test_permute_bad_input():
-    x = dev(randn(2, 3, 4), "float32")
+    x = to_device(randn(2, 3, 4), "float32")
     with pytest.raises(ValueError, match="permute: dims must be a permutation, 1 repeats"):
         run("permute", [x], [[1, -2, 0]])
     with pytest.raises(ValueError, match="permute: dims must list all 3 dimensions"):
@@ -112,7 +101,7 @@ def _slicer(ndim, dim, start, end, step):
 @pytest.mark.parametrize("shape,dim,start,end,step", SLICES)
 def test_slice(shape, dim, start, end, step, dtype):
     x = _input(shape, dtype)
-    (out,) = run("slice", [dev(x, dtype)], [dim, start, end, step])
+    (out,) = run("slice", [to_device(x, dtype)], [dim, start, end, step])
     check_equal(out, x[_slicer(len(shape), dim, start, end, step)], dtype, f"slice{shape} {dim} {start}:{end}:{step}")
 
 
@@ -121,7 +110,7 @@ def test_slice(shape, dim, start, end, step, dtype):
 def test_slice_backward(shape, dim, start, end, step, dtype):
     sl = _slicer(len(shape), dim, start, end, step)
     g = _input(np.zeros(shape)[sl].shape, dtype)
-    (dx,) = run("slice_backward", [dev(g, dtype)], [list(shape), dim, start, end, step])
+    (dx,) = run("slice_backward", [to_device(g, dtype)], [list(shape), dim, start, end, step])
     expected = np.zeros(shape, dtype=g.dtype)
     expected[sl] = g
     check_equal(dx, expected, dtype, f"slice_backward{shape} {dim} {start}:{end}:{step}")
@@ -131,15 +120,15 @@ def test_slice_backward(shape, dim, start, end, step, dtype):
 def test_slice_backward_is_adjoint(dtype):
     # slice is linear, so <slice(x), g> == <x, slice_backward(g)> (the exact finite-difference check).
     x, shape = randn(4, 9, 5), [4, 9, 5]
-    (y,) = run("slice", [dev(x, dtype)], [1, -7, 8, 3])
+    (y,) = run("slice", [to_device(x, dtype)], [1, -7, 8, 3])
     g = randn(*y.shape)
-    (dx,) = run("slice_backward", [dev(g, dtype)], [shape, 1, -7, 8, 3])
+    (dx,) = run("slice_backward", [to_device(g, dtype)], [shape, 1, -7, 8, 3])
     x, g = round_to(x, dtype), round_to(g, dtype)
     np.testing.assert_allclose(np.sum(y.numpy() * g), np.sum(x * dx.numpy()), rtol=1e-12)
 
 
 def test_slice_bad_input():
-    x = dev(randn(3, 4), "float32")
+    x = to_device(randn(3, 4), "float32")
     with pytest.raises(ValueError, match="slice: step must be positive, got 0"):
         run("slice", [x], [0, 0, 2, 0])
     with pytest.raises(ValueError, match="slice: step must be positive, got -1"):
@@ -173,7 +162,7 @@ def test_slice_bad_input():
 )
 def test_concat(shapes, dim, dtype):
     xs = [_input(s, dtype) for s in shapes]
-    (out,) = run("concat", [dev(x, dtype) for x in xs], [dim])
+    (out,) = run("concat", [to_device(x, dtype) for x in xs], [dim])
     check_equal(out, np.concatenate(xs, axis=dim), dtype, f"concat {shapes} {dim}")
 
 
@@ -184,7 +173,7 @@ def test_concat(shapes, dim, dtype):
 )
 def test_stack(shape, n, dim, dtype):
     xs = [_input(shape, dtype) for _ in range(n)]
-    (out,) = run("stack", [dev(x, dtype) for x in xs], [dim])
+    (out,) = run("stack", [to_device(x, dtype) for x in xs], [dim])
     check_equal(out, np.stack(xs, axis=dim), dtype, f"stack {shape} x{n} {dim}")
 
 
@@ -204,7 +193,7 @@ def test_stack(shape, n, dim, dtype):
 )
 def test_split(shape, dim, sizes, dtype):
     x = _input(shape, dtype)
-    outs = run("split", [dev(x, dtype)], [dim, sizes])
+    outs = run("split", [to_device(x, dtype)], [dim, sizes])
     expected = np.split(x, np.cumsum(sizes)[:-1], axis=dim)
     assert len(outs) == len(sizes)
     for k, (o, e) in enumerate(zip(outs, expected, strict=True)):
@@ -215,23 +204,23 @@ def test_split(shape, dim, sizes, dtype):
 def test_split_concat_roundtrip(dtype):
     # split and concat are each other's backward.
     x = _input((4, 19, 3), dtype)
-    pieces = run("split", [dev(x, dtype)], [1, [5, 0, 14]])
+    pieces = run("split", [to_device(x, dtype)], [1, [5, 0, 14]])
     (back,) = run("concat", pieces, [1])
     check_equal(back, x, dtype)
 
 
 def test_concat_stack_split_bad_input():
-    a, b = dev(randn(2, 3), "float32"), dev(randn(2, 4), "float32")
+    a, b = to_device(randn(2, 3), "float32"), to_device(randn(2, 4), "float32")
     with pytest.raises(ValueError, match=r"concat: shapes \[2, 3\] and \[2, 4\] differ outside dim 0"):
         run("concat", [a, b], [0])
     with pytest.raises(ValueError, match="concat: all inputs must have the same number of dimensions"):
-        run("concat", [a, dev(randn(2, 3, 1), "float32")], [1])
+        run("concat", [a, to_device(randn(2, 3, 1), "float32")], [1])
     with pytest.raises(ValueError, match="concat: dtype mismatch: float32 and float64"):
-        run("concat", [a, dev(randn(2, 3), "float64")], [0])
+        run("concat", [a, to_device(randn(2, 3), "float64")], [0])
     with pytest.raises(ValueError, match="concat: dim 2 out of range"):
         run("concat", [a, a], [2])
     with pytest.raises(ValueError, match="concat: .*0-d"):
-        run("concat", [dev(np.float64(1.0), "float32")], [0])
+        run("concat", [to_device(np.float64(1.0), "float32")], [0])
     with pytest.raises(ValueError, match="concat: needs at least one input"):
         run("concat", [], [0])
     with pytest.raises(ValueError, match=r"stack: stacked tensors: shapes \[2, 3\] and \[2, 4\] must be equal"):
@@ -257,13 +246,13 @@ def test_concat_stack_split_bad_input():
 @pytest.mark.parametrize("k", [0, 1, -1, 2, -3, 100, -100])
 def test_tril_triu(op, ref, shape, k, dtype):
     x = _input(shape, dtype)
-    (out,) = run(op, [dev(x, dtype)], [k])
+    (out,) = run(op, [to_device(x, dtype)], [k])
     check_equal(out, ref(x, k), dtype, f"{op}{shape} k={k}")
 
 
 @pytest.mark.parametrize("op", ["tril", "triu"])
 def test_tril_triu_bad_input(op):
     with pytest.raises(ValueError, match=f"{op}: .*x must be at least 2-d"):
-        run(op, [dev(randn(5), "float32")], [0])
+        run(op, [to_device(randn(5), "float32")], [0])
     with pytest.raises(ValueError, match=f"{op}: .*x must be float32, bfloat16 or float64, got int64"):
-        run(op, [dev(np.ones((2, 2)), "int64")], [0])
+        run(op, [to_device(np.ones((2, 2)), "int64")], [0])
