@@ -158,6 +158,7 @@ std::vector<Tensor> Op::Call(const std::vector<Tensor>& in, const Attrs& attrs) 
             if (t.nbytes()) rt.Memset(t.data(), 0xff, t.nbytes(), device.index, CurrentStream(device));
         }
     }
+    for (int k : schema_.inplace) in[k].storage()->BumpVersion();
     if (fallback) {
         RunOnCpu(*this, in, out, attrs);
         return out;

@@ -17,7 +17,11 @@ Storage::~Storage() {
 
 int64_t Numel(const Shape& shape) {
     int64_t n = 1;
-    for (int64_t s : shape) n *= s;
+    for (int64_t s : shape) {
+        if (__builtin_mul_overflow(n, s, &n)) {
+            throw std::invalid_argument("shape " + ShapeToString(shape) + " has more elements than fit in int64");
+        }
+    }
     return n;
 }
 
@@ -42,7 +46,12 @@ Tensor Tensor::Empty(const Shape& shape, DataType dtype, Device device) {
     t.shape_ = shape;
     t.numel_ = Numel(shape);
     t.dtype_ = dtype;
-    t.storage_ = std::make_shared<Storage>(static_cast<size_t>(t.numel_) * DataTypeSize(dtype), device);
+    int64_t nbytes;
+    if (__builtin_mul_overflow(t.numel_, static_cast<int64_t>(DataTypeSize(dtype)), &nbytes)) {
+        throw std::invalid_argument("shape " + ShapeToString(shape) + " of " + DataTypeName(dtype) +
+                                    " is too large to allocate");
+    }
+    t.storage_ = std::make_shared<Storage>(static_cast<size_t>(nbytes), device);
     return t;
 }
 

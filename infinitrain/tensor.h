@@ -28,12 +28,16 @@ public:
     void* data() const { return data_; }
     size_t nbytes() const { return nbytes_; }
     const Device& device() const { return device_; }
+    // Counts in-place writes (the dispatcher bumps it), so autograd can detect saved tensors that changed.
+    uint64_t version() const { return version_; }
+    void BumpVersion() { ++version_; }
 
 private:
     void* data_ = nullptr;
     size_t nbytes_ = 0;
     Device device_;
     bool owned_ = true;
+    uint64_t version_ = 0;
 };
 
 class Tensor {

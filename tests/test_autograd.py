@@ -239,3 +239,34 @@ def test_backward_errors():
         _t(randn(3), False).sum().backward()
     with pytest.raises(ValueError, match="only floating"):
         it.from_numpy(np.arange(3), device=DEVICE).requires_grad_()
+
+
+def test_in_place_writes_to_saved_tensors_are_caught():
+    x = _t(randn(3))
+    y = x.exp()
+    y.fill_(0.0)
+    with pytest.raises(RuntimeError, match="backward of 'exp' needs was modified in place"):
+        y.sum().backward()
+    w = _t(randn(3))
+    loss = (x * w).sum()
+    w.copy_(_t(randn(3), False))
+    with pytest.raises(RuntimeError, match="backward of 'mul'"):
+        loss.backward()
+    # add's backward reads no values: writing its input afterwards is fine.
+    z = x + 1.0
+    x.detach().fill_(2.0)
+    z.sum().backward()
+
+
+def test_backward_frees_the_graph():
+    import gc
+    import weakref
+
+    x = _t(randn(4, 4))
+    h = (x @ x).tanh()
+    ref = weakref.ref(h)
+    loss = (h * 2.0).sum()
+    del h
+    loss.backward()
+    gc.collect()
+    assert ref() is None, "an activation outlived backward()"

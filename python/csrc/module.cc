@@ -214,11 +214,17 @@ PYBIND11_MODULE(_C, m) {
                                })
         .def_property_readonly("device", [](const Tensor& t) { return t.device().ToString(); })
         .def_property_readonly("numel", &Tensor::numel)
+        .def_property_readonly("version", [](const Tensor& t) { return t.storage()->version(); })
         .def_property_readonly("nbytes", &Tensor::nbytes)
         // The raw address (a device address for device tensors): for tests and interop.
         .def_property_readonly("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()); })
         .def("reshape", &Tensor::Reshape)
-        .def("to", [](const Tensor& t, const std::string& d) { return t.To(Dev(d)); })
+        .def("to",
+             [](const Tensor& t, const std::string& d) {
+                 Device dev = Dev(d);
+                 py::gil_scoped_release release;  // the copy may wait for the device
+                 return t.To(dev);
+             })
         .def("numpy", &ToNumpy)
         .def("same_storage", [](const Tensor& a, const Tensor& b) { return a.storage() == b.storage(); })
         .def("__repr__", &Tensor::ToString);

@@ -46,14 +46,16 @@ def enable_grad():
 
 
 class Node:
-    """One recorded op: backward(grad) returns one gradient (or None) per input."""
+    """One recorded op: backward(grad) returns one gradient (or None) per input. `saved` holds
+    (native tensor, version) for each tensor the backward reads, to catch in-place writes since."""
 
-    __slots__ = ("backward", "inputs", "name")
+    __slots__ = ("backward", "inputs", "name", "saved")
 
-    def __init__(self, backward, inputs, name):
+    def __init__(self, backward, inputs, name, saved=()):
         self.backward = backward
         self.inputs = inputs
         self.name = name
+        self.saved = saved
 
 
 def _toposort(root):
@@ -102,6 +104,12 @@ def backward(root, grad=None, retain_graph=False):
                 continue
             if t._retains_grad:
                 t._accumulate_grad(g)
+            for native, version in node.saved:
+                if native.version != version:
+                    raise RuntimeError(
+                        f"a tensor that the backward of '{node.name}' needs was modified in place after it was "
+                        f"used (version {native.version}, saved at {version}); clone it before writing to it"
+                    )
             in_grads = node.backward(g)
             for p, pg in zip(node.inputs, in_grads, strict=True):
                 if p is None or pg is None or not p.requires_grad:
@@ -111,7 +119,8 @@ def backward(root, grad=None, retain_graph=False):
                 prev = grads.get(id(p))
                 grads[id(p)] = pg if prev is None else prev + pg
             if not retain_graph:
-                t._node = Node(_freed, node.inputs, node.name)
+                # Drop the inputs (and the activations the closure holds) so the graph can be freed.
+                t._node = Node(_freed, (), node.name)
 
 
 def _freed(_):

@@ -64,9 +64,10 @@ def _needs_grad(*ts):
     return False
 
 
-def _record(out, inputs, backward, name):
+def _record(out, inputs, backward, name, saved=()):
+    """Makes `out` a graph node; `saved` lists the tensors whose values backward reads."""
     out.requires_grad = True
-    out._node = autograd.Node(backward, inputs, name)
+    out._node = autograd.Node(backward, inputs, name, tuple((t._t, t._t.version) for t in saved))
     return out
 
 
@@ -248,19 +249,21 @@ def split(x, split_size, dim=-1):
 # ---- elementwise ----
 
 
-def _unary(name, x, backward=None):
+def _unary(name, x, backward=None, saves="x"):
+    """saves: which value the backward reads ("x", "out" or None)."""
     out = _run1(name, [x])
     if backward is not None and _needs_grad(x):
-        _record(out, (x,), lambda g: (backward(g, out),), name)
+        saved = (x,) if saves == "x" else (out,) if saves == "out" else ()
+        _record(out, (x,), lambda g: (backward(g, out),), name, saved)
     return out
 
 
 def neg(x):
-    return _unary("neg", x, lambda g, out: neg(g))
+    return _unary("neg", x, lambda g, out: neg(g), saves=None)
 
 
 def exp(x):
-    return _unary("exp", x, lambda g, out: mul(g, out.detach()))
+    return _unary("exp", x, lambda g, out: mul(g, out.detach()), saves="out")
 
 
 def log(x):
@@ -268,7 +271,7 @@ def log(x):
 
 
 def sqrt(x):
-    return _unary("sqrt", x, lambda g, out: div(g, affine(out.detach(), 2.0, 0.0)))
+    return _unary("sqrt", x, lambda g, out: div(g, affine(out.detach(), 2.0, 0.0)), saves="out")
 
 
 def rsqrt(x):
@@ -291,11 +294,11 @@ def cos(x):
 
 
 def tanh(x):
-    return _unary("tanh", x, lambda g, out: _run1("tanh_backward", [out.detach(), g]))
+    return _unary("tanh", x, lambda g, out: _run1("tanh_backward", [out.detach(), g]), saves="out")
 
 
 def sigmoid(x):
-    return _unary("sigmoid", x, lambda g, out: _run1("sigmoid_backward", [out.detach(), g]))
+    return _unary("sigmoid", x, lambda g, out: _run1("sigmoid_backward", [out.detach(), g]), saves="out")
 
 
 def relu(x):
@@ -330,7 +333,7 @@ def pow(x, p):
     p = float(p)
     out = _run1("pow_scalar", [x], [p])
     if _needs_grad(x):
-        _record(out, (x,), lambda g: (mul(g, affine(pow(x.detach(), p - 1.0), p, 0.0)),), "pow")
+        _record(out, (x,), lambda g: (mul(g, affine(pow(x.detach(), p - 1.0), p, 0.0)),), "pow", (x,))
     return out
 
 
@@ -345,11 +348,11 @@ def clamp(x, low=None, high=None):
             inside = mul(cast(ge(xd, lo), g.dtype), cast(le(xd, hi), g.dtype))
             return (mul(g, inside),)
 
-        _record(out, (x,), backward, "clamp")
+        _record(out, (x,), backward, "clamp", (x,))
     return out
 
 
-def _binary(name, a, b, backward):
+def _binary(name, a, b, backward, saves=True):
     if not isinstance(b, Tensor):
         b = _as_tensor(b, a)
     if not isinstance(a, Tensor):
@@ -358,20 +361,20 @@ def _binary(name, a, b, backward):
         a, b = _promote(a, b)
     out = _run1(name, [a, b])
     if _needs_grad(a, b):
-        _record(out, (a, b), lambda g: backward(g, a.detach(), b.detach()), name)
+        _record(out, (a, b), lambda g: backward(g, a.detach(), b.detach()), name, (a, b) if saves else ())
     return out
 
 
 def add(a, b):
     if not isinstance(b, Tensor):
         return affine(a, 1.0, b)
-    return _binary("add", a, b, lambda g, x, y: (sum_to(g, x.shape), sum_to(g, y.shape)))
+    return _binary("add", a, b, lambda g, x, y: (sum_to(g, x.shape), sum_to(g, y.shape)), saves=False)
 
 
 def sub(a, b):
     if not isinstance(b, Tensor):
         return affine(a, 1.0, -b)
-    return _binary("sub", a, b, lambda g, x, y: (sum_to(g, x.shape), sum_to(neg(g), y.shape)))
+    return _binary("sub", a, b, lambda g, x, y: (sum_to(g, x.shape), sum_to(neg(g), y.shape)), saves=False)
 
 
 def mul(a, b):
@@ -529,7 +532,7 @@ def amax(x, dim=None, keepdim=False):
             count = _expand_back(Tensor(_call("sum", [hit], [dims, int(keepdim)])[0]), x, dims, keepdim)
             return (mul(hit, div(_expand_back(g, x, dims, keepdim), count)),)
 
-        _record(out, (x,), backward, "amax")
+        _record(out, (x,), backward, "amax", (x, out))
     return out
 
 
@@ -567,7 +570,7 @@ def matmul(a, b, trans_a=False, trans_b=False):
             gb = matmul(g, ad, True, trans_a) if trans_b else matmul(ad, g, not trans_a, False)
             return sum_to(ga, a.shape), sum_to(gb, b.shape)
 
-        _record(out, (a, b), backward, "matmul")
+        _record(out, (a, b), backward, "matmul", (a, b))
     return out
 
 
@@ -585,7 +588,7 @@ def linear(x, weight, bias=None):
             gb = sum(g2, 0) if bias is not None and bias.requires_grad else None
             return gx, gw, gb
 
-        _record(out, (x, weight, bias), backward, "linear")
+        _record(out, (x, weight, bias), backward, "linear", (x, weight))
     return out
 
 
@@ -627,7 +630,7 @@ def softmax(x, dim=-1):
     x = _autocast_fp32(x)
     out = _run1("softmax", [x], [dim])
     if _needs_grad(x):
-        _record(out, (x,), lambda g: (_run1("softmax_backward", [out.detach(), g], [dim]),), "softmax")
+        _record(out, (x,), lambda g: (_run1("softmax_backward", [out.detach(), g], [dim]),), "softmax", (out,))
     return out
 
 
@@ -635,7 +638,7 @@ def log_softmax(x, dim=-1):
     x = _autocast_fp32(x)
     out = _run1("log_softmax", [x], [dim])
     if _needs_grad(x):
-        _record(out, (x,), lambda g: (_run1("log_softmax_backward", [out.detach(), g], [dim]),), "log_softmax")
+        _record(out, (x,), lambda g: (_run1("log_softmax_backward", [out.detach(), g], [dim]),), "log_softmax", (out,))
     return out
 
 
@@ -650,7 +653,7 @@ def layer_norm(x, weight, bias, eps=1e-5):
             dx, dw, db = _call("layernorm_backward", [g, x, weight, Tensor(mean_), Tensor(rstd)])
             return Tensor(dx), Tensor(dw), Tensor(db)
 
-        _record(out, (x, weight, bias), backward, "layer_norm")
+        _record(out, (x, weight, bias), backward, "layer_norm", (x, weight))
     return out
 
 
@@ -667,7 +670,7 @@ def rms_norm(x, weight, eps=1e-5):
             dx, dw = _call("rmsnorm_backward", [g, x, weight, Tensor(rstd)])
             return Tensor(dx), Tensor(dw)
 
-        _record(out, (x, weight), backward, "rms_norm")
+        _record(out, (x, weight), backward, "rms_norm", (x, weight))
     return out
 
 
@@ -684,7 +687,7 @@ def swiglu(gate, up):
             dg, du = _call("swiglu_backward", [gate, up, g])
             return Tensor(dg), Tensor(du)
 
-        _record(out, (gate, up), backward, "swiglu")
+        _record(out, (gate, up), backward, "swiglu", (gate, up))
     return out
 
 
@@ -723,7 +726,7 @@ def scaled_dot_product_attention(q, k, v, is_causal=True, scale=None):
             dq, dk, dv = _call("sdpa_backward", [g, q, k, v, out, Tensor(lse)], [int(is_causal), scale])
             return Tensor(dq), Tensor(dk), Tensor(dv)
 
-        _record(out, (q, k, v), backward, "sdpa")
+        _record(out, (q, k, v), backward, "sdpa", (q, k, v, out))
     return out
 
 
@@ -744,5 +747,6 @@ def cross_entropy(logits, target, ignore_index=-100):
             (logits, None),
             lambda g: (_run1("cross_entropy_backward", [logits, target, lse, g], [ignore_index]), None),
             "cross_entropy",
+            (logits,),
         )
     return loss
