@@ -270,3 +270,27 @@ def test_backward_frees_the_graph():
     loss.backward()
     gc.collect()
     assert ref() is None, "an activation outlived backward()"
+
+
+def test_pytorch_conventions_and_edge_cases():
+    a = randn(4, 6)
+    x = _t(a)
+    assert [p.shape for p in x.split(2)] == [(2, 6), (2, 6)]  # dim 0 by default, as in PyTorch
+    assert [p.shape for p in x.chunk(3, dim=1)] == [(4, 2)] * 3
+    v, i = x.max(1)
+    np.testing.assert_array_equal(v.numpy(), a.max(1))
+    np.testing.assert_array_equal(i.numpy(), a.argmax(1))
+    np.testing.assert_array_equal(x[np.int64(1)].numpy(), a[1])
+    with pytest.raises(TypeError, match="boolean indices"):
+        x[True]
+    ints = it.arange(4, device=DEVICE)
+    np.testing.assert_array_equal((ints < 1.5).numpy(), np.arange(4) < 1.5)
+    np.testing.assert_array_equal((ints >= 0.5).numpy(), np.arange(4) >= 0.5)
+    z = _t(np.array([0.0, 2.0]))
+    F.pow(z, 0.0).sum().backward()
+    np.testing.assert_array_equal(z.grad.numpy(), [0.0, 0.0])
+    y = x * 2.0
+    with pytest.raises(ValueError, match="expected float64"):
+        y.backward(it.ones(4, 6, dtype="float32", device=DEVICE))
+    with pytest.raises(ValueError, match="chunks must be >= 1"):
+        x.chunk(0)

@@ -161,3 +161,15 @@ def test_model_input_errors():
         GPT2Config(n_embd=30, n_head=4)
     with pytest.raises(ValueError, match="multiple of n_kv_head"):
         LLaMA3Config(n_head=6, n_kv_head=4, n_embd=48)
+
+
+def test_llama3_config_rejects_bad_headers():
+    for kwargs, msg in [
+        ({"multiple_of": 0}, "multiple_of"),
+        ({"block_size": 0}, "block_size"),
+        ({"norm_eps": 0.0}, "norm_eps"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            LLaMA3Config(**kwargs)
+    with pytest.raises(ValueError, match="top_k"):
+        tiny("gpt2").generate(np.zeros((1, 2), np.int64), 1, top_k=0)

@@ -200,3 +200,23 @@ def test_autocast_runs_matmuls_in_bfloat16():
     assert_close(y, ref, "bfloat16", rtol=3e-2, atol=3e-2)  # bf16 operands, 8-term sums
     with pytest.raises(ValueError, match="autocast dtype"):
         it.amp.autocast(DEVICE, dtype="float32")
+
+
+def test_sgd_momentum_survives_a_round_trip_into_a_fresh_optimizer():
+    p0 = rng().standard_normal(5)
+    grads = [rng().standard_normal(5) for _ in range(4)]
+    a = nn.Parameter(t(p0, "float64"))
+    opt_a = SGD([a], lr=0.1, momentum=0.9)
+    for g in grads[:2]:
+        a.grad = t(g, "float64")
+        opt_a.step()
+    b = nn.Parameter(t(a.numpy(), "float64"))
+    opt_b = SGD([b], lr=0.1, momentum=0.9)
+    opt_b.load_state_dict(opt_a.state_dict())
+    for g in grads[2:]:
+        a.grad, b.grad = t(g, "float64"), t(g, "float64")
+        opt_a.step()
+        opt_b.step()
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(KeyError, match="unexpected"):
+        opt_b.load_state_dict({"step": 1, "lr": 0.1, "tensors": {"bogus.0": np.zeros(5)}})

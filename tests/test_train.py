@@ -66,6 +66,15 @@ def test_resume_reproduces_the_uninterrupted_curve(model, corpus, tmp_path):
         assert res_losses[s] == full_losses[s], (s, full.stdout, resumed.stdout)
 
 
+def test_resume_refuses_changed_settings(corpus, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run_train(f"--input_bin={corpus}", "--num_iteration=2", *TINY, f"--checkpoint_dir={ckpt}")
+    p = run_train(
+        f"--input_bin={corpus}", "--num_iteration=4", *TINY, f"--checkpoint_dir={ckpt}", "--resume", check=False
+    )
+    assert p.returncode != 0 and "--num_iteration=4 (checkpoint: 2)" in p.stderr, p.stderr
+
+
 def test_corrupt_checkpoint_is_refused(corpus, tmp_path):
     ckpt = tmp_path / "ckpt"
     run_train(f"--input_bin={corpus}", "--num_iteration=2", *TINY, f"--checkpoint_dir={ckpt}")

@@ -86,8 +86,11 @@ def backward(root, grad=None, retain_graph=False):
         if root.numel() != 1:
             raise RuntimeError(f"backward(): grad can be omitted only for a single-element tensor, got {root.shape}")
         grad = ones_like(root)
-    elif grad.shape != root.shape:
-        raise ValueError(f"backward(): grad has shape {grad.shape}, expected {root.shape}")
+    elif grad.shape != root.shape or grad.dtype != root.dtype or grad.device != root.device:
+        raise ValueError(
+            f"backward(): grad is {grad.dtype}{list(grad.shape)} on {grad.device}, "
+            f"expected {root.dtype}{list(root.shape)} on {root.device}"
+        )
     grads = {id(root): grad}
     with no_grad():
         for t in _toposort(root):

@@ -72,6 +72,8 @@ def sdpa(q, k, v, causal, scale):
     q, k, v = _up(q), _up(k), _up(v)
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
+    if causal and T != S:
+        raise ValueError(f"sdpa: causal attention needs equal query and key lengths, got {T} and {S}")
     if Hq != Hkv:  # grouped-query heads: repeat each kv head for its group
         g = Hq // Hkv
         k = k.reshape(B, Hkv, 1, S, D).expand(B, Hkv, g, S, D).reshape(B, Hq, S, D)
@@ -120,7 +122,7 @@ def cross_entropy(logits, target, ignore_index):
     m = F.amax(x, -1, keepdim=True)
     lse = F.add(F.log(F.sum(F.exp(F.sub(x, m)), -1, keepdim=True)), m)
     onehot = F.eq(from_numpy(np.arange(V, dtype=np.int64), device=logits.device).reshape(1, V), target.reshape(N, 1))
-    picked = F.sum(F.where(onehot, x, F.affine(x, 0.0, 0.0)), -1, keepdim=True)
+    picked = F.sum(F.where(onehot, x, 0.0), -1, keepdim=True)  # not x * 0: logits may be -inf
     valid = F.cast(F.ne(target, from_numpy(np.array(ignore_index, np.int64), device=logits.device)), stat)
     count = F.clamp(F.sum(valid), 1.0, None)
     loss = F.div(F.sum(F.mul(F.sub(lse, picked).reshape(N), valid)), count)

@@ -182,7 +182,10 @@ def getitem(x, index):
         if dim >= x.ndim:
             raise IndexError(f"too many indices for a {x.ndim}-d tensor")
         n = x.shape[dim]
-        if isinstance(i, int):
+        if isinstance(i, bool):
+            raise TypeError("boolean indices are not supported: use masked_fill or where")
+        if hasattr(i, "__index__") and not isinstance(i, builtins.slice):
+            i = i.__index__()  # NumPy integers
             if not -n <= i < n:
                 raise IndexError(f"index {i} is out of range for dimension {dim} of size {n}")
             i %= n
@@ -228,7 +231,7 @@ def stack(xs, dim=0):
     return out
 
 
-def split(x, split_size, dim=-1):
+def split(x, split_size, dim=0):
     n = x.shape[dim]
     if isinstance(split_size, int):
         if split_size <= 0:
@@ -333,7 +336,10 @@ def pow(x, p):
     p = float(p)
     out = _run1("pow_scalar", [x], [p])
     if _needs_grad(x):
-        _record(out, (x,), lambda g: (mul(g, affine(pow(x.detach(), p - 1.0), p, 0.0)),), "pow", (x,))
+        if p == 0.0:
+            _record(out, (x,), lambda g: (affine(g, 0.0, 0.0),), "pow")
+        else:
+            _record(out, (x,), lambda g: (mul(g, affine(pow(x.detach(), p - 1.0), p, 0.0)),), "pow", (x,))
     return out
 
 
@@ -412,6 +418,8 @@ def minimum(a, b):
 
 def compare(name, a, b):
     if not isinstance(b, Tensor):
+        if isinstance(b, float) and a.dtype not in _FLOAT_RANK:
+            a = cast(a, "float64")  # an int tensor against a float scalar compares as floats
         b = _as_tensor(b, a)
     if a.dtype != b.dtype:
         a, b = _promote(a, b)

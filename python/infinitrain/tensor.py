@@ -216,6 +216,10 @@ class Tensor:
     def squeeze(self, dim=None):
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
+        if not -max(self.ndim, 1) <= dim < max(self.ndim, 1):
+            raise IndexError(f"squeeze: dim {dim} out of range for a {self.ndim}-d tensor")
+        if self.ndim == 0:
+            return self
         dim %= self.ndim
         if self.shape[dim] != 1:
             return self
@@ -240,12 +244,14 @@ class Tensor:
             shape = shape[0]
         return F.expand(self, shape)
 
-    def split(self, split_size, dim=-1):
+    def split(self, split_size, dim=0):
         return F.split(self, split_size, dim)
 
-    def chunk(self, chunks, dim=-1):
+    def chunk(self, chunks, dim=0):
+        if chunks < 1:
+            raise ValueError(f"chunk: chunks must be >= 1, got {chunks}")
         n = self.shape[dim]
-        size = -(-n // chunks)
+        size = max(1, -(-n // chunks))
         return self.split(size, dim)
 
     def __getitem__(self, index):
@@ -321,7 +327,10 @@ class Tensor:
         return F.amax(self, dim, keepdim)
 
     def max(self, dim=None, keepdim=False):
-        return F.amax(self, dim, keepdim)
+        """The maximum; with an int dim, (values, indices) as in PyTorch."""
+        if dim is None:
+            return F.amax(self, None, keepdim)
+        return F.amax(self, dim, keepdim), F.argmax(self, dim, keepdim)
 
     def argmax(self, dim=-1, keepdim=False):
         return F.argmax(self, dim, keepdim)

@@ -78,6 +78,30 @@ def build_model(vocab_size, device):
     return LLaMA3(cfg, device)
 
 
+# Flags that shape the loss curve; a resumed run must use the same ones.
+RUN_FLAGS = (
+    "batch_size",
+    "sequence_length",
+    "total_batch_size",
+    "num_iteration",
+    "learning_rate",
+    "warmup_steps",
+    "weight_decay",
+    "grad_clip",
+    "dtype",
+    "seed",
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "llmc_filepath",
+)
+
+
+def run_settings():
+    return {k: getattr(FLAGS, k) for k in RUN_FLAGS}
+
+
 def latest_checkpoint(directory):
     paths = sorted(glob.glob(os.path.join(directory, CKPT_PATTERN)))
     return paths[-1] if paths else None
@@ -93,9 +117,8 @@ def save_checkpoint(directory, step, model, optimizer, loader, keep=2):
         "loader": loader.state_dict(),
         "generator": it.random.default_generator.get_state(),
         "model": FLAGS.model,
-        "dtypes": {k: v.dtype for k, v in model.state_dict().items()},
+        "run": run_settings(),
     }
-    # bfloat16 parameters travel as float32 arrays; the dtype is restored from meta.
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"ckpt_{step:08d}.bin")
     checkpoint.save(path, tensors, meta)
@@ -108,6 +131,10 @@ def load_checkpoint(path, model, optimizer, loader):
     tensors, meta = checkpoint.load(path)
     if meta.get("model") != FLAGS.model:
         raise UsageError(f"{path} holds a {meta.get('model')} checkpoint, but --model={FLAGS.model}")
+    saved, now = meta.get("run", {}), run_settings()
+    changed = [f"--{k}={now[k]} (checkpoint: {saved.get(k)})" for k in now if saved.get(k) != now[k]]
+    if changed:
+        raise UsageError(f"{path} was trained with other settings; resuming would change the run: {', '.join(changed)}")
     model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
     opt_tensors = {k[len("optim.") :]: v for k, v in tensors.items() if k.startswith("optim.")}
     optimizer.load_state_dict({**meta["optimizer"], "tensors": opt_tensors})

@@ -33,6 +33,14 @@ class LLaMA3Config:
     version_minor: int = 1
 
     def __post_init__(self):
+        for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "multiple_of"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
+        for k in ("norm_eps", "rope_theta"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
+        if self.ffn_dim_multiplier < 0:
+            raise ValueError(f"ffn_dim_multiplier must be >= 0, got {self.ffn_dim_multiplier}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.n_kv_head < 1 or self.n_head % self.n_kv_head:

@@ -14,6 +14,8 @@ def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0
         raise ValueError(f"generate: idx must be a non-empty [B, T] int array, got shape {idx.shape}")
     if temperature < 0:
         raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"generate: top_k must be >= 1 (or None for no filtering), got {top_k}")
     rng = np.random.default_rng(seed)
     device = next(model.parameters()).device
     was_training = model.training

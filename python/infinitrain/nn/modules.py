@@ -134,6 +134,8 @@ def _init(shape, std, device, dtype, generator=None):
 class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, device="cpu", dtype="float32", std=None):
         super().__init__()
+        if in_features < 1 or out_features < 1:
+            raise ValueError(f"Linear needs positive sizes, got in_features={in_features}, out_features={out_features}")
         self.in_features, self.out_features = in_features, out_features
         std = 1.0 / math.sqrt(in_features) if std is None else std
         self.weight = _init((out_features, in_features), std, device, dtype)

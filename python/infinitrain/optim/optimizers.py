@@ -26,15 +26,22 @@ class Optimizer:
         return {"step": self.step_count, "lr": self.lr, "tensors": self._state_tensors()}
 
     def load_state_dict(self, state):
+        """Restores step, lr and every state tensor; refuses state that does not fit this optimizer."""
+        own = self._state_tensors_live(state["tensors"].keys())
+        unexpected = sorted(set(state["tensors"]) - set(own))
+        missing = sorted(set(own) - set(state["tensors"]))
+        if unexpected or missing:
+            raise KeyError(f"optimizer state does not fit: missing {missing}, unexpected {unexpected}")
+        for name, t in own.items():
+            value = state["tensors"][name]
+            if tuple(value.shape) != t.shape:
+                raise ValueError(f"optimizer state '{name}' has shape {tuple(value.shape)}, expected {t.shape}")
+            t.copy_(value)
         self.step_count = int(state["step"])
         self.lr = float(state["lr"])
-        own = self._state_tensors_live()
-        for name, t in own.items():
-            if name not in state["tensors"]:
-                raise KeyError(f"optimizer state lacks '{name}'")
-            t.copy_(state["tensors"][name])
 
-    def _state_tensors_live(self):
+    def _state_tensors_live(self, wanted=None):
+        """name -> state tensor; `wanted` (names being loaded) lets lazily created state appear first."""
         return {}
 
     def _state_tensors(self):
@@ -67,7 +74,12 @@ class SGD(Optimizer):
                 g = self.buffers[i]
             _C.op("axpy_")([p._t, g._t], [-self.lr])
 
-    def _state_tensors_live(self):
+    def _state_tensors_live(self, wanted=None):
+        for name in wanted or ():
+            i = int(name.split(".")[1]) if name.startswith("momentum.") and name[9:].isdigit() else -1
+            if 0 <= i < len(self.params) and self.buffers[i] is None:
+                p = self.params[i]
+                self.buffers[i] = zeros(p.shape, dtype=p.dtype, device=p.device)
         return {f"momentum.{i}": b for i, b in enumerate(self.buffers) if b is not None}
 
 
@@ -99,7 +111,7 @@ class AdamW(Optimizer):
             else:
                 composites.adamw_(p, g, m, v, *attrs)
 
-    def _state_tensors_live(self):
+    def _state_tensors_live(self, wanted=None):
         out = {}
         for i, (m, v) in enumerate(zip(self.m, self.v, strict=True)):
             out[f"m.{i}"], out[f"v.{i}"] = m, v
