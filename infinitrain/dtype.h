@@ -50,4 +50,8 @@ struct bf16 {
     uint16_t bits;
 };
 
+struct f16 {
+    uint16_t bits;
+};
+
 }  // namespace infinitrain

@@ -168,7 +168,10 @@ std::vector<Tensor> Op::Call(const std::vector<Tensor>& in, const Attrs& attrs) 
     return out;
 }
 
-void OpError(const char* op, const std::string& what) { throw std::invalid_argument(std::string(op) + ": " + what); }
+// Shared shape rules pass "" and Op::Meta adds the op's name.
+void OpError(const char* op, const std::string& what) {
+    throw std::invalid_argument(*op ? std::string(op) + ": " + what : what);
+}
 
 int64_t NormalizeDim(const char* op, int64_t dim, int64_t ndim) {
     if (dim < -ndim || dim >= ndim) {

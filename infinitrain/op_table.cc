@@ -11,18 +11,17 @@ namespace {
 using In = std::vector<Tensor>;
 using Out = std::vector<TensorMeta>;
 
-constexpr const char* kFloatTypes = "float32 bfloat16 float64";
+constexpr const char* kFloatTypes = "float32 bfloat16 float16 float64";
 
-bool IsComputeFloat(DataType t) {
-    return t == DataType::kFloat32 || t == DataType::kBFloat16 || t == DataType::kFloat64;
-}
+bool IsComputeFloat(DataType t) { return IsFloating(t); }
 
 // Float statistics (norm stats, log-sum-exp, losses) are float32, or float64 for float64 inputs.
 DataType StatType(DataType t) { return t == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32; }
 
 void CheckFloat(const char* op, const Tensor& t, const char* what) {
     if (!IsComputeFloat(t.dtype())) {
-        OpError(op, std::string(what) + " must be float32, bfloat16 or float64, got " + DataTypeName(t.dtype()));
+        OpError(op,
+                std::string(what) + " must be float32, bfloat16, float16 or float64, got " + DataTypeName(t.dtype()));
     }
 }
 
@@ -521,7 +520,7 @@ std::vector<OpSchema> Schemas() {
                      "a, b",
                      "",
                      "out (bool)",
-                     "float32 bfloat16 float64 int32 int64",
+                     "float32 bfloat16 float16 float64 int32 int64",
                      "",
                      c[1],
                      META({ return Compare("", in, a); }),

@@ -64,7 +64,7 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     data = json.loads(json_out.read_text())
     assert data["seed"] == 11 and data["device"] == _C.parse_device(DEVICE)
     assert {r["op"] for r in data["records"]} == {"add", "split", "cross_entropy", "adamw_"}
-    assert data["summary"]["cases"] == len(data["records"]) == 3 + 5 + 3 + 3
+    assert data["summary"]["cases"] == len(data["records"]) == 4 + 6 + 4 + 4
     assert data["summary"]["line"] in printed
     rows = [line for line in md_out.read_text().splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(data["records"])  # header + one row per case
@@ -156,7 +156,7 @@ def test_how_classification(monkeypatch, no_fallback):
     rep = conformance.run(DEVICE, ops=["swiglu", "add", "mul"])
     how = {r["op"]: (r["how"], r["status"]) for r in rep["records"]}
     assert how == {"swiglu": ("missing", "missing"), "add": ("missing", "missing"), "mul": ("native", "pass")}
-    assert "0 composite, 0 fallback, 6 missing" in rep["summary"]["line"]
+    assert "0 composite, 0 fallback, 8 missing" in rep["summary"]["line"]
 
     native = {n: _C.op(n) for n in ("swiglu", "add")}
     monkeypatch.setattr(functional, "composite", lambda name: native.get(name), raising=False)

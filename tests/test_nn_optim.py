@@ -190,14 +190,15 @@ def test_optimizer_bad_arguments():
         SGD([nn.Parameter(t(np.ones(2)))], lr=-1.0)
 
 
-def test_autocast_runs_matmuls_in_bfloat16():
+@pytest.mark.parametrize("dtype,tol", [("bfloat16", 3e-2), ("float16", 5e-3)])
+def test_autocast_runs_matmuls_in_low_precision(dtype, tol):
     a, b = t(rng().standard_normal((4, 8))), t(rng().standard_normal((8, 3)))
-    with it.amp.autocast(DEVICE):
+    with it.amp.autocast(DEVICE, dtype=dtype):
         y = a @ b
         p = it.functional.softmax(y, -1)
-    assert y.dtype == "bfloat16" and p.dtype == "float32"
+    assert y.dtype == dtype and p.dtype == "float32"
     ref = r32(a.numpy()) @ r32(b.numpy())
-    assert_close(y, ref, "bfloat16", rtol=3e-2, atol=3e-2)  # bf16 operands, 8-term sums
+    assert_close(y, ref, dtype, rtol=tol, atol=tol)  # low-precision operands, 8-term sums
     with pytest.raises(ValueError, match="autocast dtype"):
         it.amp.autocast(DEVICE, dtype="float32")
 

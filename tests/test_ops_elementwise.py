@@ -389,7 +389,7 @@ def _f32(*shape):
 
 @pytest.mark.parametrize("op", ["exp", "relu", "gelu_tanh"])
 def test_unary_rejects_int(op):
-    with pytest.raises(ValueError, match=f"{op}: .*must be float32, bfloat16 or float64, got int32"):
+    with pytest.raises(ValueError, match=f"{op}: .*must be float32, bfloat16, float16 or float64, got int32"):
         run(op, [to_device(np.arange(3), "int32")])
 
 
@@ -398,7 +398,7 @@ def test_binary_errors():
         run("add", [_f32(3, 4), _f32(5)])
     with pytest.raises(ValueError, match="mul: .*dtype mismatch: float32 and float64"):
         run("mul", [_f32(3), _tensor(randn(3), "float64")])
-    with pytest.raises(ValueError, match="div: .*must be float32, bfloat16 or float64"):
+    with pytest.raises(ValueError, match="div: .*must be float32, bfloat16, float16 or float64"):
         run("div", [to_device(np.arange(3), "int64"), to_device(np.arange(3), "int64")])
 
 

@@ -132,7 +132,7 @@ def f32(*shape):
             lambda: [to_device(np.ones((3, 4)), "int64"), to_device(np.ones((4, 5)), "int64")],
             [0, 0],
             ValueError,
-            "must be float32, bfloat16 or float64",
+            "must be float32, bfloat16, float16 or float64",
         ),
         (lambda: [f32(3, 4), f32(4, 5)], [0], ValueError, "expected 2 attribute"),
     ],

@@ -89,7 +89,7 @@ def test_embedding_bad_input():
         run("embedding", [w, to_device(np.array([0]), "int32")])
     with pytest.raises(ValueError, match="embedding: weight must be 2-d"):
         run("embedding", [to_device(randn(6), "float32"), to_device(np.array([0]), "int64")])
-    with pytest.raises(ValueError, match="embedding: weight must be float32, bfloat16 or float64, got int64"):
+    with pytest.raises(ValueError, match="embedding: weight must be float32, bfloat16, float16 or float64, got int64"):
         run("embedding", [to_device(np.ones((6, 4)), "int64"), to_device(np.array([0]), "int64")])
     g = to_device(randn(3, 4), "float32")
     with pytest.raises(IndexError, match=r"embedding_backward: index 5 out of range .*\(expected 0 <= index < 5\)"):

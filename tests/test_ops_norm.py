@@ -103,7 +103,12 @@ def f32(*shape):
     [
         ("softmax", lambda: [f32(3, 4)], [2], "dim 2 out of range"),
         ("log_softmax", lambda: [f32(3, 4)], [-3], "dim -3 out of range"),
-        ("softmax", lambda: [to_device(np.ones((3, 4)), "int64")], [0], "must be float32, bfloat16 or float64"),
+        (
+            "softmax",
+            lambda: [to_device(np.ones((3, 4)), "int64")],
+            [0],
+            "must be float32, bfloat16, float16 or float64",
+        ),
         ("softmax_backward", lambda: [f32(3, 4), f32(3, 5)], [1], "out and grad"),
         ("log_softmax_backward", lambda: [f32(3, 4), to_device(randn(3, 4), "float64")], [1], "dtype mismatch"),
         ("softmax", lambda: [f32(3, 4)], [], "expected 1 attribute"),

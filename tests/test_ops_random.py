@@ -195,7 +195,7 @@ def test_generator_shapes():
 
 
 def test_generator_errors():
-    with pytest.raises(ValueError, match="normal_: x must be float32, bfloat16 or float64, got int64"):
+    with pytest.raises(ValueError, match="normal_: x must be float32, bfloat16, float16 or float64, got int64"):
         run("normal_", [to_device(np.zeros(3), "int64")], [0.0, 1.0, 0, 0])
     with pytest.raises(ValueError, match=r"uniform_: expected 4 attribute\(s\)"):
         run("uniform_", [_nan_tensor(3, "float32")], [0.0, 1.0, 0])
@@ -289,7 +289,7 @@ def test_dropout_errors():
         run("dropout_backward", [x, x], [0.5])
     with pytest.raises(ValueError, match=r"dropout_backward: grad and mask: shapes \[5\] and \[4\] must be equal"):
         run("dropout_backward", [x, to_device(np.ones(4, bool), "bool")], [0.5])
-    with pytest.raises(ValueError, match="dropout: x must be float32, bfloat16 or float64, got int32"):
+    with pytest.raises(ValueError, match="dropout: x must be float32, bfloat16, float16 or float64, got int32"):
         run("dropout", [to_device(np.arange(5), "int32")], [0.5, 0, 0])
 
 

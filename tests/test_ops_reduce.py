@@ -152,7 +152,7 @@ def test_reduce_bad_input(op):
         run(op, [x], [[3], 0])
     with pytest.raises(ValueError, match=rf"{op}: dim -4 out of range"):
         run(op, [x], [[0, -4], 1])
-    with pytest.raises(ValueError, match=rf"{op}: x must be float32, bfloat16 or float64, got int64"):
+    with pytest.raises(ValueError, match=rf"{op}: x must be float32, bfloat16, float16 or float64, got int64"):
         run(op, [to_device(np.ones((2, 3)), "int64")], [[], 0])
     with pytest.raises(ValueError, match=rf"{op}: expected 2 attribute"):
         run(op, [x], [[0]])

@@ -254,5 +254,5 @@ def test_tril_triu(op, ref, shape, k, dtype):
 def test_tril_triu_bad_input(op):
     with pytest.raises(ValueError, match=f"{op}: .*x must be at least 2-d"):
         run(op, [to_device(randn(5), "float32")], [0])
-    with pytest.raises(ValueError, match=f"{op}: .*x must be float32, bfloat16 or float64, got int64"):
+    with pytest.raises(ValueError, match=f"{op}: .*x must be float32, bfloat16, float16 or float64, got int64"):
         run(op, [to_device(np.ones((2, 2)), "int64")], [0])

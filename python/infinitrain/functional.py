@@ -87,6 +87,8 @@ def _promote(a, b):
     ra, rb = _FLOAT_RANK.get(a.dtype), _FLOAT_RANK.get(b.dtype)
     if ra is None or rb is None:
         raise ValueError(f"dtype mismatch: {a.dtype} and {b.dtype} (cast one with .to(dtype))")
+    if ra == rb:  # bfloat16 with float16: neither holds the other
+        return cast(a, "float32"), cast(b, "float32")
     return (cast(a, b.dtype), b) if ra < rb else (a, cast(b, a.dtype))
 
 

@@ -174,8 +174,8 @@ void CheckBackwardInputs(const std::vector<Tensor>& in, bool causal) {
                             " and " + DataTypeName(in[i].dtype()));
         }
     }
-    if (q.dtype() != DataType::kFloat32 && q.dtype() != DataType::kBFloat16 && q.dtype() != DataType::kFloat64) {
-        OpError(op, std::string("q must be float32, bfloat16 or float64, got ") + DataTypeName(q.dtype()));
+    if (!IsFloating(q.dtype())) {
+        OpError(op, std::string("q must be a float tensor, got ") + DataTypeName(q.dtype()));
     }
     if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) {
         OpError(op, "q, k and v must be 4-d, got " + ShapeToString(q.shape()) + ", " + ShapeToString(k.shape()) +

@@ -13,7 +13,7 @@
 
 namespace infinitrain::cpu {
 
-// Arithmetic type for a storage type: float for float32 and bfloat16, double for float64.
+// Arithmetic type for a storage type: float for float32, bfloat16 and float16, double for float64.
 template <typename T>
 struct AccT {
     using type = float;
@@ -28,11 +28,13 @@ using Acc = typename AccT<T>::type;
 inline float Load(const float* p) { return *p; }
 inline double Load(const double* p) { return *p; }
 inline float Load(const bf16* p) { return BF16ToFloat(p->bits); }
+inline float Load(const f16* p) { return HalfToFloat(p->bits); }
 inline void Store(float* p, float v) { *p = v; }
 inline void Store(double* p, double v) { *p = v; }
 inline void Store(bf16* p, float v) { p->bits = FloatToBF16(v); }
+inline void Store(f16* p, float v) { p->bits = FloatToHalf(v); }
 
-// Calls f(T{}) with T = float, double or bf16 to match `t`; other dtypes raise.
+// Calls f(T{}) with T = float, double, bf16 or f16 to match `t`; other dtypes raise.
 template <typename F>
 void DispatchFloat(DataType t, const char* op, F&& f) {
     switch (t) {
@@ -44,6 +46,9 @@ void DispatchFloat(DataType t, const char* op, F&& f) {
             return;
         case DataType::kBFloat16:
             f(bf16{});
+            return;
+        case DataType::kFloat16:
+            f(f16{});
             return;
         default:
             OpError(op, std::string("cpu kernel has no ") + DataTypeName(t) + " variant");

@@ -430,6 +430,7 @@ inline int64_t LoadCmp(const int64_t* p) { return *p; }
 inline float LoadCmp(const float* p) { return *p; }
 inline double LoadCmp(const double* p) { return *p; }
 inline float LoadCmp(const bf16* p) { return Load(p); }
+inline float LoadCmp(const f16* p) { return Load(p); }
 
 struct EqOp {
     static constexpr const char* kName = "eq";

@@ -23,6 +23,7 @@ namespace {
 inline double LoadD(const float* p) { return *p; }
 inline double LoadD(const double* p) { return *p; }
 inline double LoadD(const bf16* p) { return BF16ToFloat(p->bits); }
+inline double LoadD(const f16* p) { return HalfToFloat(p->bits); }
 
 void CheckIndices(const char* op, const int64_t* idx, int64_t n, int64_t limit, const std::string& what) {
     for (int64_t i = 0; i < n; ++i) {

@@ -77,6 +77,8 @@ double LoadScalar(const Tensor& t) {
             return *t.data<double>();
         case DataType::kBFloat16:
             return Load(t.data<bf16>());
+        case DataType::kFloat16:
+            return Load(t.data<f16>());
         default:
             OpError("cross_entropy_backward",
                     std::string("grad must be a float tensor, got ") + DataTypeName(t.dtype()));

@@ -22,6 +22,7 @@ namespace {
 inline double LoadD(const float* p) { return *p; }
 inline double LoadD(const double* p) { return *p; }
 inline double LoadD(const bf16* p) { return BF16ToFloat(p->bits); }
+inline double LoadD(const f16* p) { return HalfToFloat(p->bits); }
 
 enum class RedKind { kSum, kMax };
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from infinitrain import _C
 
-FLOATS = ("float32", "bfloat16", "float64")
+FLOATS = ("float32", "bfloat16", "float16", "float64")
 SHAPE = (2, 3, 17)
 
 
@@ -425,7 +425,14 @@ def _adamw_ref(xs, at, d):
 # ---- copy, cast, index, shape ----
 
 # cast: each source dtype to a target that makes it convert (rounding, widening, truncating).
-CAST_TO = {"float32": "bfloat16", "bfloat16": "float32", "float64": "float32", "int64": "float64", "bool": "int64"}
+CAST_TO = {
+    "float32": "bfloat16",
+    "bfloat16": "float16",
+    "float16": "float32",
+    "float64": "float32",
+    "int64": "float64",
+    "bool": "int64",
+}
 _ALL = ("int64", "bool")
 
 

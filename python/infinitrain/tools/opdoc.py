@@ -15,9 +15,10 @@ Generated from the op table in `infinitrain/op_table.cc` by `./bazelw run //pyth
   own kernel falls back to.
 - **Attributes** are positional, in the order listed. `ints` is a list of ints.
 - **dtypes**: the floating dtypes the op accepts (`all`: any dtype). Float
-  kernels compute bfloat16 in float32 and float32 reductions in float64 on the CPU.
+  kernels compute bfloat16 and float16 in float32, and float32 reductions in
+  float64, on the CPU.
 - Tensors are contiguous and row-major; binary ops broadcast as NumPy does;
-  mixed float dtypes are promoted in Python (bfloat16 < float32 < float64)
+  mixed float dtypes are promoted in Python (bfloat16, float16 < float32 < float64)
   before the dispatcher sees them, which itself requires equal dtypes.
 - Ops ending in `_` write their first input (and any listed in place) and return nothing.
 - Random ops are counter-based: element i uses (seed, offset + i), so every
