@@ -294,3 +294,10 @@ def test_pytorch_conventions_and_edge_cases():
         y.backward(it.ones(4, 6, dtype="float32", device=DEVICE))
     with pytest.raises(ValueError, match="chunks must be >= 1"):
         x.chunk(0)
+
+
+def test_a_hook_must_keep_the_gradient_shape():
+    x = _t(randn(3))
+    x.register_hook(lambda g: g.reshape(1, 3))
+    with pytest.raises(ValueError, match="a hook returned"):
+        (x * 2.0).sum().backward()

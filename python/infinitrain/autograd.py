@@ -100,6 +100,11 @@ def backward(root, grad=None, retain_graph=False):
             for hook in t._hooks or ():
                 r = hook(g)
                 if r is not None:
+                    if r.shape != g.shape or r.dtype != g.dtype or r.device != g.device:
+                        raise ValueError(
+                            f"a hook returned {r.dtype}{list(r.shape)} on {r.device} for a gradient of "
+                            f"{g.dtype}{list(g.shape)} on {g.device}"
+                        )
                     g = r
             node = t._node
             if node is None:
