@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from harness import DEVICE, rng
+from infinitrain import _C
 from infinitrain.data import write_tokens
 
 STEP = re.compile(
@@ -107,3 +108,16 @@ def test_bad_flags_fail_clearly(flags, message, corpus):
     assert p.returncode != 0
     assert message in p.stderr, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.skipif(not _C.has_ccl(DEVICE), reason="data parallelism needs a device type with a CCL")
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_data_parallel_matches_one_device(model, corpus):
+    kind = _C.parse_device(DEVICE).split(":")[0]
+    tiny = [f for f in TINY if not f.startswith("--batch_size")]
+    args = [f"--model={model}", f"--input_bin={corpus}", "--num_iteration=5", "--warmup_steps=1", *tiny]
+    one = losses(run_train(*args, f"--device={kind}:0", "--batch_size=4").stdout)
+    two = losses(run_train(*args, f"--devices={kind}:0,{kind}:1", "--batch_size=2").stdout)
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4, 5]
+    for s in one:
+        assert abs(float(one[s]) - float(two[s])) <= 1e-5, (s, one, two)

@@ -22,8 +22,11 @@ from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "gpt2", ["gpt2", "llama3"], "Model architecture.")
 flags.DEFINE_string("device", "cpu", "Device to train on: cpu, or a registered provider such as sim:0.")
+flags.DEFINE_string(
+    "devices", "", "Data-parallel training in this process over these devices (e.g. sim:0,sim:1); overrides --device."
+)
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 autocasts matmuls).")
-flags.DEFINE_integer("batch_size", 8, "Sequences per micro-batch.", lower_bound=1)
+flags.DEFINE_integer("batch_size", 8, "Sequences per micro-batch on each device.", lower_bound=1)
 flags.DEFINE_integer("sequence_length", 128, "Tokens per sequence.", lower_bound=1)
 flags.DEFINE_integer("total_batch_size", 0, "Tokens per optimizer step (0: one micro-batch).", lower_bound=0)
 flags.DEFINE_integer("num_iteration", 300, "Optimizer steps.", lower_bound=1)
@@ -80,6 +83,7 @@ def build_model(vocab_size, device):
 
 # Flags that shape the loss curve; a resumed run must use the same ones.
 RUN_FLAGS = (
+    "devices",
     "batch_size",
     "sequence_length",
     "total_batch_size",
@@ -178,12 +182,20 @@ def main(argv):
         os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])  # `bazel run`: paths are relative to the caller
     if FLAGS.resume and not FLAGS.checkpoint_dir:
         raise app.UsageError("--resume needs --checkpoint_dir")
-    device = _C.parse_device(FLAGS.device)
+    devices = [_C.parse_device(d) for d in (FLAGS.devices.split(",") if FLAGS.devices else [FLAGS.device])]
+    if len(set(devices)) != len(devices):
+        raise app.UsageError(f"--devices must be distinct, got {FLAGS.devices}")
+    n = len(devices)
+    if n > 1 and not it.distributed.has_ccl(devices[0]):
+        raise app.UsageError(f"--devices: {devices[0]} has no collective library, so no data-parallel training")
+    device = devices[0]
     B, T = FLAGS.batch_size, FLAGS.sequence_length
-    total = FLAGS.total_batch_size or B * T
-    if total % (B * T):
-        raise app.UsageError(f"--total_batch_size={total} must be a multiple of batch_size*sequence_length={B * T}")
-    accum = total // (B * T)
+    total = FLAGS.total_batch_size or B * T * n
+    if total % (B * T * n):
+        raise app.UsageError(
+            f"--total_batch_size={total} must be a multiple of batch_size*sequence_length*devices={B * T * n}"
+        )
+    accum = total // (B * T * n)
 
     if FLAGS.input_bin:
         train_path, val_path = FLAGS.input_bin, FLAGS.input_val_bin
@@ -195,12 +207,23 @@ def main(argv):
         tokenizer = ByteTokenizer()
 
     it.manual_seed(FLAGS.seed)
-    loader = DataLoader(train_path, B, T, shuffle=True, seed=FLAGS.seed)
+    # One loader feeds every device: each micro-batch has B rows per device.
+    loader = DataLoader(train_path, B * n, T, shuffle=True, seed=FLAGS.seed)
     vocab = tokenizer.vocab_size if tokenizer is not None else int(loader.tokens.max()) + 1
-    model = build_model(vocab, device)
-    params = list(model.parameters())
-    optimizer = it.optim.AdamW(params, lr=FLAGS.learning_rate, betas=(0.9, 0.95), weight_decay=FLAGS.weight_decay)
-    schedule = it.optim.WarmupCosine(optimizer, FLAGS.warmup_steps, FLAGS.num_iteration)
+    models = [build_model(vocab, device)]
+    rng_state = it.random.default_generator.get_state()
+    for d in devices[1:]:  # replicas start as copies of the first model
+        replica = build_model(vocab, d)
+        replica.load_state_dict(models[0].state_dict())
+        models.append(replica)
+    it.random.default_generator.set_state(rng_state)
+    model = models[0]
+    optimizers = [
+        it.optim.AdamW(list(m.parameters()), lr=FLAGS.learning_rate, betas=(0.9, 0.95), weight_decay=FLAGS.weight_decay)
+        for m in models
+    ]
+    schedule = it.optim.WarmupCosine(optimizers[0], FLAGS.warmup_steps, FLAGS.num_iteration)
+    comms = it.distributed.init_all(devices) if n > 1 else None
 
     start = 0
     if FLAGS.resume:
@@ -208,12 +231,15 @@ def main(argv):
         if path is None:
             print(f"no checkpoint in {FLAGS.checkpoint_dir}; starting from scratch")
         else:
-            start = load_checkpoint(path, model, optimizer, loader)
+            for m, opt in zip(models, optimizers, strict=True):
+                start = load_checkpoint(path, m, opt, loader)
             print(f"resumed from {path} at step {start}")
     n_params = model.num_parameters()
+    where = f"devices {','.join(devices)}" if n > 1 else f"device {device}"
     print(
-        f"model {FLAGS.model}: {n_params / 1e6:.2f}M parameters | device {device} | dtype {FLAGS.dtype} | "
-        f"batch {B}x{T}, accumulation {accum} | {FLAGS.num_iteration} steps | data {train_path}"
+        f"model {FLAGS.model}: {n_params / 1e6:.2f}M parameters | {where} | dtype {FLAGS.dtype} | "
+        f"batch {B}x{T}{f' x {n} devices' if n > 1 else ''}, accumulation {accum} | {FLAGS.num_iteration} steps | "
+        f"data {train_path}"
     )
     log = open(FLAGS.log_file, "a") if FLAGS.log_file else None
     progress = Progress(FLAGS.num_iteration)
@@ -223,21 +249,28 @@ def main(argv):
     for step in range(start, FLAGS.num_iteration):
         t0 = time.time()
         lr = schedule.get_lr(step)
-        optimizer.lr = lr
-        optimizer.zero_grad()
+        for opt in optimizers:
+            opt.lr = lr
+            opt.zero_grad()
         _C.reset_peak_memory(device)
-        loss_sum = None
+        loss_sums = [None] * n
         for _ in range(accum):
             x, y = next(loader)
-            x, y = it.from_numpy(x, device=device), it.from_numpy(y, device=device)
-            with it.amp.autocast(device, enabled=autocast):
-                _, loss = model(x, y)
-            loss = loss * (1.0 / accum)
-            loss.backward()
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        norm = it.optim.clip_grad_norm_(params, FLAGS.grad_clip or None)
-        optimizer.step()
-        train_loss, norm = loss_sum.item(), norm.item()  # the step's one host synchronisation
+            for r, (d, m) in enumerate(zip(devices, models, strict=True)):
+                xr = it.from_numpy(x[r * B : (r + 1) * B], device=d)
+                yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
+                with it.amp.autocast(d, enabled=autocast):
+                    _, loss = m(xr, yr)
+                loss = loss * (1.0 / accum)
+                loss.backward()
+                loss_sums[r] = loss.detach() if loss_sums[r] is None else loss_sums[r] + loss.detach()
+        if n > 1:
+            average_gradients(models, comms)
+        norms = [it.optim.clip_grad_norm_(list(m.parameters()), FLAGS.grad_clip or None) for m in models]
+        for opt in optimizers:
+            opt.step()
+        train_loss = sum(ls.item() for ls in loss_sums) / n  # the step's host synchronisation
+        norm = norms[0].item()
         ms = (time.time() - t0) * 1000
         mem = _C.memory_stats(device)["peak_allocated"] / 2**20
         line = (
@@ -257,13 +290,21 @@ def main(argv):
         if FLAGS.checkpoint_dir and (
             done == FLAGS.num_iteration or (FLAGS.checkpoint_every and done % FLAGS.checkpoint_every == 0)
         ):
-            save_checkpoint(FLAGS.checkpoint_dir, done, model, optimizer, loader)
+            save_checkpoint(FLAGS.checkpoint_dir, done, model, optimizers[0], loader)
         if FLAGS.sample_every and tokenizer is not None and (done % FLAGS.sample_every == 0):
             progress.clear()
             print(f"--- sample at step {done} ---\n{sample(model, tokenizer.decode, eot, device)}\n---", flush=True)
     progress.clear()
     if log:
         log.close()
+
+
+def average_gradients(models, comms):
+    """All-reduces (averages) every parameter's gradient across the replicas, in place."""
+    with it.distributed.group(comms[0].device):
+        for m, comm in zip(models, comms, strict=True):
+            for p in m.parameters():
+                it.distributed.all_reduce(comm, p.grad, "avg")
 
 
 @it.no_grad()
