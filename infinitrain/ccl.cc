@@ -1,23 +1,14 @@
 #include "infinitrain/ccl.h"
 
-#include <mutex>
 #include <stdexcept>
+
+#include "infinitrain/type_registry.h"
 
 namespace infinitrain {
 namespace {
-struct Slot {
-    CclFactory factory;
-    std::string site;
-    std::unique_ptr<CclBackend> backend;
-    std::once_flag once;
-};
-Slot* Slots() {
-    static Slot slots[kNumDeviceTypes];
-    return slots;
-}
-std::mutex& Mu() {
-    static std::mutex mu;
-    return mu;
+PerDeviceType<CclBackend>& Ccls() {
+    static PerDeviceType<CclBackend> r("CCL");
+    return r;
 }
 }  // namespace
 
@@ -31,32 +22,14 @@ ReduceOp ParseReduceOp(const std::string& name) {
 }
 
 void RegisterCcl(DeviceType type, CclFactory factory, const char* site) {
-    std::lock_guard<std::mutex> lock(Mu());
-    Slot& s = Slots()[static_cast<int>(type)];
-    if (s.factory) {
-        throw std::runtime_error("CCL for '" + DeviceTypeName(type) + "' registered twice: at " + s.site + " and at " +
-                                 site);
-    }
-    s.factory = std::move(factory);
-    s.site = site;
+    Ccls().Register(type, std::move(factory), site);
 }
 
-bool HasCcl(DeviceType type) {
-    std::lock_guard<std::mutex> lock(Mu());
-    return static_cast<bool>(Slots()[static_cast<int>(type)].factory);
-}
+bool HasCcl(DeviceType type) { return Ccls().Has(type); }
 
 CclBackend& GetCcl(DeviceType type) {
-    Slot& s = Slots()[static_cast<int>(type)];
-    {
-        std::lock_guard<std::mutex> lock(Mu());
-        if (!s.factory) {
-            throw std::runtime_error("device type '" + DeviceTypeName(type) +
-                                     "' has no collective library (CCL); distributed features need one");
-        }
-    }
-    std::call_once(s.once, [&] { s.backend = s.factory(); });
-    return *s.backend;
+    return Ccls().Get(type, "device type '" + DeviceTypeName(type) +
+                                "' has no collective library (CCL); distributed features need one");
 }
 
 }  // namespace infinitrain

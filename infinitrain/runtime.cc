@@ -1,26 +1,16 @@
 #include "infinitrain/runtime.h"
 
-#include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "infinitrain/type_registry.h"
+
 namespace infinitrain {
 namespace {
-struct Slot {
-    RuntimeFactory factory;
-    std::string site;
-    std::unique_ptr<DeviceRuntime> runtime;
-    std::once_flag once;
-};
-
-Slot* Slots() {
-    static Slot slots[kNumDeviceTypes];
-    return slots;
-}
-std::mutex& RegistryMutex() {
-    static std::mutex mu;
-    return mu;
+PerDeviceType<DeviceRuntime>& Runtimes() {
+    // Destroyed at exit, so runtimes get to stop their threads.
+    static PerDeviceType<DeviceRuntime> r("device runtime");
+    return r;
 }
 }  // namespace
 
@@ -41,29 +31,13 @@ void SetCurrentStream(const Device& device, Stream stream) {
 }
 
 void RegisterRuntime(DeviceType type, RuntimeFactory factory, const char* site) {
-    std::lock_guard<std::mutex> lock(RegistryMutex());
-    Slot& s = Slots()[static_cast<int>(type)];
-    if (s.factory) {
-        throw std::runtime_error("device runtime for '" + DeviceTypeName(type) + "' registered twice: at " + s.site +
-                                 " and at " + site);
-    }
-    s.factory = std::move(factory);
-    s.site = site;
+    Runtimes().Register(type, std::move(factory), site);
 }
 
-bool HasRuntime(DeviceType type) {
-    std::lock_guard<std::mutex> lock(RegistryMutex());
-    return static_cast<bool>(Slots()[static_cast<int>(type)].factory);
-}
+bool HasRuntime(DeviceType type) { return Runtimes().Has(type); }
 
 DeviceRuntime& GetRuntime(DeviceType type) {
-    Slot& s = Slots()[static_cast<int>(type)];
-    {
-        std::lock_guard<std::mutex> lock(RegistryMutex());
-        if (!s.factory) throw std::runtime_error("no device runtime registered for '" + DeviceTypeName(type) + "'");
-    }
-    std::call_once(s.once, [&] { s.runtime = s.factory(); });
-    return *s.runtime;
+    return Runtimes().Get(type, "no device runtime registered for '" + DeviceTypeName(type) + "'");
 }
 
 }  // namespace infinitrain

@@ -1,0 +1,68 @@
+// One object per device type (a runtime, a CCL), made on first use by a
+// factory that is registered once. Shared by the runtime and CCL registries.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "infinitrain/device.h"
+
+namespace infinitrain {
+
+template <typename T>
+class PerDeviceType {
+public:
+    using Factory = std::function<std::unique_ptr<T>()>;
+
+    // `what` names the object in errors ("device runtime", "CCL").
+    explicit PerDeviceType(const char* what) : what_(what) {}
+
+    void Register(DeviceType type, Factory factory, const char* site) {
+        std::lock_guard<std::mutex> lock(mu_);
+        Slot& s = slots_[static_cast<int>(type)];
+        if (s.factory) {
+            throw std::runtime_error(std::string(what_) + " for '" + DeviceTypeName(type) + "' registered twice: at " +
+                                     s.site + " and at " + site);
+        }
+        s.factory = std::move(factory);
+        s.site = site;
+    }
+
+    bool Has(DeviceType type) {
+        std::lock_guard<std::mutex> lock(mu_);
+        return static_cast<bool>(slots_[static_cast<int>(type)].factory);
+    }
+
+    // Creates the object on first use; raises std::runtime_error with `missing` when none is registered.
+    T& Get(DeviceType type, const std::string& missing) {
+        Slot& s = slots_[static_cast<int>(type)];
+        if (T* ready = s.ready.load(std::memory_order_acquire)) return *ready;  // every allocation comes here
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!s.factory) throw std::runtime_error(missing);
+        }
+        std::call_once(s.once, [&] {
+            s.object = s.factory();
+            s.ready.store(s.object.get(), std::memory_order_release);
+        });
+        return *s.object;
+    }
+
+private:
+    struct Slot {
+        Factory factory;
+        std::string site;
+        std::unique_ptr<T> object;
+        std::once_flag once;
+        std::atomic<T*> ready{nullptr};
+    };
+    const char* what_;
+    std::mutex mu_;
+    Slot slots_[kNumDeviceTypes];
+};
+
+}  // namespace infinitrain
