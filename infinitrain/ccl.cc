@@ -7,7 +7,8 @@
 namespace infinitrain {
 namespace {
 PerDeviceType<CclBackend>& Ccls() {
-    static PerDeviceType<CclBackend> r("CCL");
+    static PerDeviceType<CclBackend> r(
+        "CCL", "device type '%s' has no collective library (CCL); distributed features need one");
     return r;
 }
 }  // namespace
@@ -27,9 +28,6 @@ void RegisterCcl(DeviceType type, CclFactory factory, const char* site) {
 
 bool HasCcl(DeviceType type) { return Ccls().Has(type); }
 
-CclBackend& GetCcl(DeviceType type) {
-    return Ccls().Get(type, "device type '" + DeviceTypeName(type) +
-                                "' has no collective library (CCL); distributed features need one");
-}
+CclBackend& GetCcl(DeviceType type) { return Ccls().Get(type); }
 
 }  // namespace infinitrain

@@ -1,5 +1,6 @@
 #include "infinitrain/dtype.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace infinitrain {
@@ -48,6 +49,21 @@ uint16_t FloatToHalf(float f) {
     uint32_t rem = mant & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
     return static_cast<uint16_t>(half);
+}
+
+uint16_t DoubleToHalf(double v) {
+    if (std::isnan(v)) return FloatToHalf(static_cast<float>(v));
+    uint16_t sign = std::signbit(v) ? 0x8000u : 0;
+    if (std::fabs(v) >= 65520.0) return static_cast<uint16_t>(sign | 0x7c00u);  // at or past the overflow midpoint
+    uint16_t h = FloatToHalf(static_cast<float>(v));
+    double hv = HalfToFloat(h);
+    if (hv == v) return h;
+    // float(v) is within one half step of v: the answer is h or its neighbour toward v.
+    uint16_t other = std::fabs(v) > std::fabs(hv) ? h + 1 : h - 1;
+    double ov = HalfToFloat(other);
+    double dh = std::fabs(v - hv), dother = std::fabs(v - ov);
+    if (dother < dh || (dother == dh && (other & 1u) == 0)) return other;
+    return h;
 }
 
 float HalfToFloat(uint16_t h) {

@@ -44,6 +44,8 @@ inline float BF16ToFloat(uint16_t h) {
 }
 
 uint16_t FloatToHalf(float f);
+// Rounds a double to the nearest float16 once (going through float would round twice).
+uint16_t DoubleToHalf(double v);
 float HalfToFloat(uint16_t h);
 
 struct bf16 {

@@ -9,7 +9,7 @@ namespace infinitrain {
 namespace {
 PerDeviceType<DeviceRuntime>& Runtimes() {
     // Destroyed at exit, so runtimes get to stop their threads.
-    static PerDeviceType<DeviceRuntime> r("device runtime");
+    static PerDeviceType<DeviceRuntime> r("device runtime", "no device runtime registered for '%s'");
     return r;
 }
 }  // namespace
@@ -36,8 +36,6 @@ void RegisterRuntime(DeviceType type, RuntimeFactory factory, const char* site) 
 
 bool HasRuntime(DeviceType type) { return Runtimes().Has(type); }
 
-DeviceRuntime& GetRuntime(DeviceType type) {
-    return Runtimes().Get(type, "no device runtime registered for '" + DeviceTypeName(type) + "'");
-}
+DeviceRuntime& GetRuntime(DeviceType type) { return Runtimes().Get(type); }
 
 }  // namespace infinitrain

@@ -18,8 +18,9 @@ class PerDeviceType {
 public:
     using Factory = std::function<std::unique_ptr<T>()>;
 
-    // `what` names the object in errors ("device runtime", "CCL").
-    explicit PerDeviceType(const char* what) : what_(what) {}
+    // `what` names the object in errors ("device runtime", "CCL"); `missing` is the error for a device type
+    // without one, with "%s" for the type's name.
+    PerDeviceType(const char* what, const char* missing) : what_(what), missing_(missing) {}
 
     void Register(DeviceType type, Factory factory, const char* site) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -37,13 +38,17 @@ public:
         return static_cast<bool>(slots_[static_cast<int>(type)].factory);
     }
 
-    // Creates the object on first use; raises std::runtime_error with `missing` when none is registered.
-    T& Get(DeviceType type, const std::string& missing) {
+    // Creates the object on first use; raises std::runtime_error when none is registered.
+    T& Get(DeviceType type) {
         Slot& s = slots_[static_cast<int>(type)];
         if (T* ready = s.ready.load(std::memory_order_acquire)) return *ready;  // every allocation comes here
         {
             std::lock_guard<std::mutex> lock(mu_);
-            if (!s.factory) throw std::runtime_error(missing);
+            if (!s.factory) {
+                std::string msg = missing_;
+                msg.replace(msg.find("%s"), 2, DeviceTypeName(type));
+                throw std::runtime_error(msg);
+            }
         }
         std::call_once(s.once, [&] {
             s.object = s.factory();
@@ -61,6 +66,7 @@ private:
         std::atomic<T*> ready{nullptr};
     };
     const char* what_;
+    const char* missing_;
     std::mutex mu_;
     Slot slots_[kNumDeviceTypes];
 };

@@ -301,3 +301,18 @@ def test_a_hook_must_keep_the_gradient_shape():
     x.register_hook(lambda g: g.reshape(1, 3))
     with pytest.raises(ValueError, match="a hook returned"):
         (x * 2.0).sum().backward()
+
+
+def test_in_place_writes_to_saved_outputs_and_indices_are_caught():
+    x = _t(np.array([4.0, 9.0]))
+    y = F.rsqrt(x)
+    s = y.sum()
+    y.detach().fill_(1.0)
+    with pytest.raises(RuntimeError, match="'rsqrt'"):
+        s.backward()
+    w = _t(randn(5, 3))
+    idx = it.from_numpy(np.array([0, 1]), device=DEVICE)
+    e = F.embedding(idx, w).sum()
+    idx.fill_(4)
+    with pytest.raises(RuntimeError, match="'embedding'"):
+        e.backward()

@@ -82,3 +82,28 @@ def test_poisoned_outputs_are_overwritten():
     out = run("cast", [to_device(rng().standard_normal(100), "float64")], ["float32"])[0]
     assert np.isfinite(out.numpy()).all()
     assert out.device == _C.parse_device(DEVICE)
+
+
+def test_float64_to_float16_rounds_once_like_numpy():
+    g = rng()
+    edges = np.array(
+        [
+            65519.99999,
+            65520.0,
+            -65520.0,
+            65504.0,
+            1 + 2.0**-11 + 2.0**-40,
+            2.0**-25,
+            2.0**-24 * 1.5,
+            6.1e-5,
+            -0.0,
+            np.inf,
+            -np.inf,
+        ]
+    )
+    vals = np.concatenate([edges, g.standard_normal(20000) * 10.0 ** g.uniform(-8, 5, 20000)])
+    x = to_device(vals, "float64")
+    got = run("cast", [x], ["float16"])[0].numpy()
+    with np.errstate(over="ignore"):  # the overflow to inf is part of what is checked
+        want = vals.astype(np.float16)
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

@@ -115,12 +115,16 @@ def test_bad_flags_fail_clearly(flags, message, corpus):
 def test_data_parallel_matches_one_device(model, corpus):
     kind = _C.parse_device(DEVICE).split(":")[0]
     tiny = [f for f in TINY if not f.startswith("--batch_size")]
-    args = [f"--model={model}", f"--input_bin={corpus}", "--num_iteration=5", "--warmup_steps=1", *tiny]
-    one = losses(run_train(*args, f"--device={kind}:0", "--batch_size=4").stdout)
-    two = losses(run_train(*args, f"--devices={kind}:0,{kind}:1", "--batch_size=2").stdout)
+    args = [f"--model={model}", f"--input_bin={corpus}", f"--input_val_bin={corpus}", "--num_iteration=5", *tiny]
+    args += ["--warmup_steps=1", "--val_every=5", "--val_batches=2"]
+    out_one = run_train(*args, f"--device={kind}:0", "--batch_size=4").stdout
+    out_two = run_train(*args, f"--devices={kind}:0,{kind}:1", "--batch_size=2").stdout
+    one, two = losses(out_one), losses(out_two)
     assert sorted(one) == sorted(two) == [1, 2, 3, 4, 5]
     for s in one:
         assert abs(float(one[s]) - float(two[s])) <= 1e-5, (s, one, two)
+    val = [float(re.search(r"val loss ([0-9.]+)", o).group(1)) for o in (out_one, out_two)]
+    assert abs(val[0] - val[1]) <= 1e-5, val  # validation sees the same global batch
 
 
 @pytest.mark.skipif(not DEVICE.startswith("sim"), reason="needs the sim provider's INFINITRAIN_SIM_SKIP_OPS")

@@ -33,7 +33,7 @@ _PREFIX = struct.Struct("<8sIIQQ")
 _DIGEST_BYTES = 32
 
 # numpy dtype strings allowed in the container; uint16 carries bf16 bit patterns.
-SUPPORTED_DTYPES = ("<f4", "<f8", "<i8", "<i4", "<u2", "|u1", "|b1")
+SUPPORTED_DTYPES = ("<f4", "<f8", "<f2", "<i8", "<i4", "<u2", "|u1", "|b1")
 
 # llm.c model files.
 LLMC_HEADER_WORDS = 256

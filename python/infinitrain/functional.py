@@ -281,7 +281,7 @@ def sqrt(x):
 
 def rsqrt(x):
     # d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 out^3
-    return _unary("rsqrt", x, lambda g, out: mul(g, affine(pow(out.detach(), 3.0), -0.5, 0.0)))
+    return _unary("rsqrt", x, lambda g, out: mul(g, affine(pow(out.detach(), 3.0), -0.5, 0.0)), saves="out")
 
 
 def abs(x):
@@ -464,14 +464,14 @@ def where(cond, a, b):
             zero = _as_tensor(0.0, g)
             return None, sum_to(where(cond, g, zero), a.shape), sum_to(where(cond, zero, g), b.shape)
 
-        _record(out, (None, a, b), backward, "where")
+        _record(out, (None, a, b), backward, "where", (cond,))
     return out
 
 
 def masked_fill(x, mask, value):
     out = _run1("masked_fill", [x, mask], [float(value)])
     if _needs_grad(x):
-        _record(out, (x,), lambda g: (_run1("masked_fill", [g, mask], [0.0]),), "masked_fill")
+        _record(out, (x,), lambda g: (_run1("masked_fill", [g, mask], [0.0]),), "masked_fill", (mask,))
     return out
 
 
@@ -609,7 +609,9 @@ def embedding(index, weight):
     out = _run1("embedding", [weight, index])
     if _needs_grad(weight):
         v = weight.shape[0]
-        _record(out, (None, weight), lambda g: (None, _run1("embedding_backward", [g, index], [v])), "embedding")
+        _record(
+            out, (None, weight), lambda g: (None, _run1("embedding_backward", [g, index], [v])), "embedding", (index,)
+        )
     return out
 
 
@@ -622,14 +624,14 @@ def gather(x, dim, index):
             _call("fill_", [z], [0.0])
             return (_run1("scatter_add", [z, index, g], [dim]),)
 
-        _record(out, (x,), backward, "gather")
+        _record(out, (x,), backward, "gather", (index,))
     return out
 
 
 def scatter_add(x, dim, index, src):
     out = _run1("scatter_add", [x, index, src], [dim])
     if _needs_grad(x, src):
-        _record(out, (x, src), lambda g: (g, gather(g, dim, index)), "scatter_add")
+        _record(out, (x, src), lambda g: (g, gather(g, dim, index)), "scatter_add", (index,))
     return out
 
 
@@ -757,6 +759,6 @@ def cross_entropy(logits, target, ignore_index=-100):
             (logits, None),
             lambda g: (_run1("cross_entropy_backward", [logits, target, lse, g], [ignore_index]), None),
             "cross_entropy",
-            (logits,),
+            (logits, target),
         )
     return loss

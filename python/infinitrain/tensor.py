@@ -385,7 +385,7 @@ def _native_dtype_of(arr, dtype):
     if dtype is not None:
         return _check_dtype(dtype)
     if arr.dtype.kind == "f":
-        return "float32" if arr.dtype != np.float64 else "float64"
+        return {np.dtype(np.float64): "float64", np.dtype(np.float16): "float16"}.get(arr.dtype, "float32")
     if arr.dtype in _NUMPY_TO_DTYPE:
         return _NUMPY_TO_DTYPE[arr.dtype]
     raise ValueError(f"cannot make a tensor from NumPy dtype {arr.dtype}")

@@ -83,7 +83,6 @@ def build_model(vocab_size, device):
 
 # Flags that shape the loss curve; a resumed run must use the same ones.
 RUN_FLAGS = (
-    "devices",
     "batch_size",
     "sequence_length",
     "total_batch_size",
@@ -103,7 +102,14 @@ RUN_FLAGS = (
 
 
 def run_settings():
-    return {k: getattr(FLAGS, k) for k in RUN_FLAGS}
+    """The flags that shape the loss curve, plus the number of devices (which ones does not matter)."""
+    settings = {k: getattr(FLAGS, k) for k in RUN_FLAGS}
+    settings["n_devices"] = len(FLAGS.devices.split(",")) if FLAGS.devices else 1
+    return settings
+
+
+def _default(k):
+    return 1 if k == "n_devices" else FLAGS[k].default
 
 
 def latest_checkpoint(directory):
@@ -136,7 +142,9 @@ def load_checkpoint(path, model, optimizer, loader):
     if meta.get("model") != FLAGS.model:
         raise UsageError(f"{path} holds a {meta.get('model')} checkpoint, but --model={FLAGS.model}")
     saved, now = meta.get("run", {}), run_settings()
-    changed = [f"--{k}={now[k]} (checkpoint: {saved.get(k)})" for k in now if saved.get(k) != now[k]]
+    changed = [
+        f"--{k}={now[k]} (checkpoint: {saved.get(k, _default(k))})" for k in now if saved.get(k, _default(k)) != now[k]
+    ]
     if changed:
         raise UsageError(f"{path} was trained with other settings; resuming would change the run: {', '.join(changed)}")
     model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
@@ -177,22 +185,22 @@ def sample(model, decode, eot, device):
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+        raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if os.environ.get("BUILD_WORKING_DIRECTORY"):
         os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])  # `bazel run`: paths are relative to the caller
     if FLAGS.resume and not FLAGS.checkpoint_dir:
-        raise app.UsageError("--resume needs --checkpoint_dir")
+        raise UsageError("--resume needs --checkpoint_dir")
     devices = [_C.parse_device(d) for d in (FLAGS.devices.split(",") if FLAGS.devices else [FLAGS.device])]
     if len(set(devices)) != len(devices):
-        raise app.UsageError(f"--devices must be distinct, got {FLAGS.devices}")
+        raise UsageError(f"--devices must be distinct, got {FLAGS.devices}")
     n = len(devices)
     if n > 1 and not it.distributed.has_ccl(devices[0]):
-        raise app.UsageError(f"--devices: {devices[0]} has no collective library, so no data-parallel training")
+        raise UsageError(f"--devices: {devices[0]} has no collective library, so no data-parallel training")
     device = devices[0]
     B, T = FLAGS.batch_size, FLAGS.sequence_length
     total = FLAGS.total_batch_size or B * T * n
     if total % (B * T * n):
-        raise app.UsageError(
+        raise UsageError(
             f"--total_batch_size={total} must be a multiple of batch_size*sequence_length*devices={B * T * n}"
         )
     accum = total // (B * T * n)
@@ -259,7 +267,7 @@ def main(argv):
             for r, (d, m) in enumerate(zip(devices, models, strict=True)):
                 xr = it.from_numpy(x[r * B : (r + 1) * B], device=d)
                 yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
-                with it.amp.autocast(d, enabled=autocast):
+                with it.amp.autocast(d, dtype="bfloat16", enabled=autocast):
                     _, loss = m(xr, yr)
                 loss = loss * (1.0 / accum)
                 loss.backward()
@@ -286,7 +294,7 @@ def main(argv):
         done = step + 1
         if FLAGS.val_every and val_path and (done % FLAGS.val_every == 0 or done == FLAGS.num_iteration):
             progress.clear()
-            print(f"step {done} | val loss {evaluate(model, val_path, device):.6f}", flush=True)
+            print(f"step {done} | val loss {evaluate(model, val_path, device, n):.6f}", flush=True)
         if FLAGS.checkpoint_dir and (
             done == FLAGS.num_iteration or (FLAGS.checkpoint_every and done % FLAGS.checkpoint_every == 0)
         ):
@@ -308,8 +316,9 @@ def average_gradients(models, comms):
 
 
 @it.no_grad()
-def evaluate(model, path, device):
-    loader = DataLoader(path, FLAGS.batch_size, FLAGS.sequence_length, shuffle=False)
+def evaluate(model, path, device, n_devices=1):
+    """Mean loss over --val_batches batches of the run's global batch size, on one device."""
+    loader = DataLoader(path, FLAGS.batch_size * n_devices, FLAGS.sequence_length, shuffle=False)
     losses = []
     for _ in range(min(FLAGS.val_batches, loader.batches_per_epoch)):
         x, y = next(loader)

@@ -49,7 +49,7 @@ void StoreAny(void* p, DataType t, int64_t i, double v) {
             static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
             return;
         case DataType::kFloat16:
-            static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v));
+            static_cast<uint16_t*>(p)[i] = DoubleToHalf(v);
             return;
         case DataType::kBFloat16:
             static_cast<uint16_t*>(p)[i] = FloatToBF16(static_cast<float>(v));

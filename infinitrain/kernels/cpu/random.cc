@@ -79,19 +79,10 @@ inline void StoreRounded<bf16>(bf16* p, double v) {
     p->bits = FloatToBF16(f);
 }
 
-// float16 from double: the same double rounding, fixed up the same way: when
-// float(v) sits exactly halfway between two halves, v itself picks the side.
+// float16 from double: rounded once, directly.
 template <>
 inline void StoreRounded<f16>(f16* p, double v) {
-    float f = static_cast<float>(v);
-    uint16_t h = FloatToHalf(f);
-    double fv = f, hv = HalfToFloat(h);
-    if (std::isfinite(f) && fv != v && fv != hv) {
-        uint16_t other = std::fabs(fv) > std::fabs(hv) ? h + 1 : h - 1;
-        double ov = HalfToFloat(other);
-        if (fv == (hv + ov) / 2 && std::fabs(v - ov) < std::fabs(v - hv)) h = other;
-    }
-    p->bits = h;
+    p->bits = DoubleToHalf(v);
 }
 
 // Attribute readers with a message naming the op (the schemas only check the count).
