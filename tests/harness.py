@@ -12,7 +12,6 @@ import numpy as np
 from infinitrain import _C
 
 DEVICE = os.environ.get("INFINITRAIN_TEST_DEVICE", "cpu")
-FLOAT_DTYPES = ("float32", "bfloat16")
 TOL = {
     "float32": (1.3e-6, 1e-5),
     "bfloat16": (1.6e-2, 1e-5),
