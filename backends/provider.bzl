@@ -1,17 +1,4 @@
-"""The --config=<provider> switch: a string flag naming the provider to build in."""
-
-PROVIDERS = ["sim", "cuda", "maca"]
-
-def _provider_flag_impl(ctx):
-    value = ctx.build_setting_value
-    if value and value not in PROVIDERS:
-        fail("unknown provider '%s': expected one of %s" % (value, ", ".join(PROVIDERS)))
-    return []
-
-provider_flag = rule(
-    implementation = _provider_flag_impl,
-    build_setting = config.string(flag = True),
-)
+"""Macros for providers: a provider's Python module (`provider_extension`) and a stand-in that fails with one line."""
 
 def _unavailable_impl(ctx):
     fail(ctx.attr.message)
@@ -21,15 +8,6 @@ provider_unavailable = rule(
     implementation = _unavailable_impl,
     attrs = {"message": attr.string(mandatory = True)},
 )
-
-def provider_deps():
-    """The provider libraries //python:infinitrain links, chosen by --config=<provider>."""
-    return select({
-        "//backends:sim": ["//backends/sim:infinitrain_sim"],
-        "//backends:cuda": ["//backends:cuda_unavailable"],
-        "//backends:maca": ["//toolchains/maca:sdk_check"],
-        "//conditions:default": [],
-    })
 
 def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
     """A provider's pybind11 module `name` (exposing register_backend()) as a py_library of the same name.
