@@ -180,6 +180,32 @@ __device__ __forceinline__ double Fabs(double x) { return fabs(x); }
 __device__ __forceinline__ float Fmax(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ double Fmax(double a, double b) { return fmax(a, b); }
 
+// ---- strided index maps -----------------------------------------------------------
+
+constexpr int kMaxDims = 12;
+
+// Dims of an output walked in row-major order and each operand's element stride per dim (0 where it repeats):
+// broadcasting, permute.
+template <int N>
+struct Broadcast {
+    int nd;
+    int64_t size[kMaxDims];
+    int64_t stride[N][kMaxDims];
+};
+
+// Element offsets of output index i in each operand.
+template <int N>
+__device__ __forceinline__ void BroadcastOffsets(const Broadcast<N>& b, int64_t i, int64_t (&off)[N]) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) off[k] = 0;
+    for (int d = b.nd - 1; d >= 0; --d) {
+        const int64_t q = i / b.size[d], r = i - q * b.size[d];
+        i = q;
+#pragma unroll
+        for (int k = 0; k < N; ++k) off[k] += r * b.stride[k][d];
+    }
+}
+
 // ---- host-side dtype dispatch -----------------------------------------------------
 
 template <typename T>

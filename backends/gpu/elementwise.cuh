@@ -298,16 +298,6 @@ struct AxpyFn {
 
 // ---- broadcasting ---------------------------------------------------------------------
 
-constexpr int kMaxDims = 12;
-
-// Output dims (size-1 dims dropped, contiguous runs merged) and each operand's element stride per dim.
-template <int N>
-struct Broadcast {
-    int nd;
-    int64_t size[kMaxDims];
-    int64_t stride[N][kMaxDims];
-};
-
 template <int N>
 Broadcast<N> MakeBroadcast(const char* op, const Shape& out, const std::array<const Shape*, N>& in) {
     const int64_t nd = static_cast<int64_t>(out.size());
@@ -349,19 +339,6 @@ Broadcast<N> MakeBroadcast(const char* op, const Shape& out, const std::array<co
         for (int k = 0; k < N; ++k) b.stride[k][d] = stride[d][k];
     }
     return b;
-}
-
-// Element offsets of output index i in each operand.
-template <int N>
-__device__ __forceinline__ void BroadcastOffsets(const Broadcast<N>& b, int64_t i, int64_t (&off)[N]) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) off[k] = 0;
-    for (int d = b.nd - 1; d >= 0; --d) {
-        const int64_t q = i / b.size[d], r = i - q * b.size[d];
-        i = q;
-#pragma unroll
-        for (int k = 0; k < N; ++k) off[k] += r * b.stride[k][d];
-    }
 }
 
 template <typename In, typename Out, typename F>
