@@ -123,9 +123,9 @@ inline cudaDataType_t ToCuda(BlasType t) {
 
 // Column-major, strided batched: C_i = alpha * op(A_i) @ op(B_i) + beta * C_i for i < batch, accumulated in
 // float32. A and B share the storage type `ab`; C is `c` (ab itself, or float32).
-inline void GemmStridedBatched(BlasHandle h, bool ta, bool tb, int m, int n, int k, float alpha, const void* a,
-                               int lda, long long stride_a, const void* b, int ldb, long long stride_b, BlasType ab,
-                               float beta, void* c, int ldc, long long stride_c, BlasType ct, int batch) {
+inline void GemmStridedBatched(BlasHandle h, bool ta, bool tb, int m, int n, int k, float alpha, const void* a, int lda,
+                               long long stride_a, const void* b, int ldb, long long stride_b, BlasType ab, float beta,
+                               void* c, int ldc, long long stride_c, BlasType ct, int batch) {
     cublasComputeType_t compute =
         ab == BlasType::kFloat32 && Tf32Enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     CheckBlas(cublasGemmStridedBatchedEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,

@@ -36,8 +36,8 @@ __global__ void RopeKernel(const T* __restrict__ x, const Acc<T>* __restrict__ c
 // Rows of the score matrix [rows, S]; row r is query t = r % T. Each 32-lane group (kBlock false) or block (true)
 // turns one row into probabilities in place (masked keys 0) and writes its lse.
 template <bool kBlock, typename C>
-__global__ void SdpaSoftmaxKernel(C* __restrict__ scores, C* __restrict__ lse, int64_t rows, int64_t T_len,
-                                  int64_t S, bool causal) {
+__global__ void SdpaSoftmaxKernel(C* __restrict__ scores, C* __restrict__ lse, int64_t rows, int64_t T_len, int64_t S,
+                                  bool causal) {
     const int per_block = kBlock ? 1 : blockDim.x / kGroup;
     const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
     const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;

@@ -22,8 +22,8 @@ namespace infinitrain::gpu {
 
 // ---- launch geometry ----------------------------------------------------------
 
-constexpr int kThreads = 256;        // default block size
-constexpr int kGroup = 32;           // logical group width of warp-level code
+constexpr int kThreads = 256;            // default block size
+constexpr int kGroup = 32;               // logical group width of warp-level code
 constexpr int64_t kMaxBlocks = 1 << 16;  // grid cap of grid-stride kernels
 
 // Blocks for a grid-stride loop over n items (at least 1; callers skip n == 0).
@@ -33,7 +33,7 @@ inline unsigned Blocks(int64_t n, int threads = kThreads) {
 }
 
 // Grid-stride loop over [0, n) with 64-bit indices.
-#define GPU_KERNEL_LOOP(i, n)                                                                    \
+#define GPU_KERNEL_LOOP(i, n)                                                              \
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -95,7 +95,8 @@ __device__ __forceinline__ H FromBits(uint16_t u) {
 __device__ inline fp16_t DoubleToFP16(double v) {
     if (isnan(v)) return FloatToFP16(static_cast<float>(v));
     uint16_t sign = signbit(v) ? 0x8000u : 0u;
-    if (fabs(v) >= 65520.0) return FromBits<fp16_t>(static_cast<uint16_t>(sign | 0x7c00u));  // past the overflow midpoint
+    // At or past the overflow midpoint: infinity.
+    if (fabs(v) >= 65520.0) return FromBits<fp16_t>(static_cast<uint16_t>(sign | 0x7c00u));
     uint16_t h = BitsOf(FloatToFP16(static_cast<float>(v)));
     double hv = ToFloat(FromBits<fp16_t>(h));
     if (hv == v) return FromBits<fp16_t>(h);

@@ -19,11 +19,11 @@ namespace infinitrain::gpu {
 
 enum class IndexErrorKind : int32_t {
     kNone = 0,
-    kEmbedding,           // value: index, limit: rows
-    kEmbeddingBackward,   // value: index, limit: num_weights
-    kGather,              // value: index, limit: size of dim `extra`
-    kScatterAdd,          // value: index, limit: size of dim `extra`
-    kCrossEntropy,        // value: target, position: row, limit: vocabulary, extra: ignore_index
+    kEmbedding,          // value: index, limit: rows
+    kEmbeddingBackward,  // value: index, limit: num_weights
+    kGather,             // value: index, limit: size of dim `extra`
+    kScatterAdd,         // value: index, limit: size of dim `extra`
+    kCrossEntropy,       // value: target, position: row, limit: vocabulary, extra: ignore_index
     kCrossEntropyBackward,
 };
 

@@ -163,9 +163,9 @@ __global__ void ToDoubleKernel(const T* __restrict__ x, double* __restrict__ y, 
 
 // buf[o, index[o, j, i], i] += src[o, j, i].
 template <typename T>
-__global__ void ScatterAddKernel(double* __restrict__ buf, const int64_t* __restrict__ index,
-                                 const T* __restrict__ src, int64_t total, int64_t n, int64_t m, int64_t inner,
-                                 int64_t dim, DeviceErrorRecord* err) {
+__global__ void ScatterAddKernel(double* __restrict__ buf, const int64_t* __restrict__ index, const T* __restrict__ src,
+                                 int64_t total, int64_t n, int64_t m, int64_t inner, int64_t dim,
+                                 DeviceErrorRecord* err) {
     GPU_KERNEL_LOOP(q, total) {
         const int64_t o = q / (m * inner), i = q % inner;
         const int64_t v = index[q];

@@ -3,7 +3,8 @@
 //     inner == 1: rows of n contiguous elements, a 32-lane group per row (n <= 1024) or a block per row;
 //     inner > 1: a thread per column (o, i), walking n with stride inner (coalesced across threads).
 //     The row max is subtracted before exp (max ignores NaN, as the CPU's fmax; a NaN still reaches the sum).
-//     softmax_backward(out, grad): dx = out * (grad - sum(grad * out)); log_softmax_backward: grad - exp(out) sum(grad).
+//     softmax_backward(out, grad): dx = out * (grad - sum(grad * out)); log_softmax_backward: grad - exp(out)
+//     sum(grad).
 //   layernorm(x [R, C], weight, bias): per row (a block) mean, then the biased variance of x - mean (two passes),
 //     rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd * weight + bias. rmsnorm: rstd = 1 / sqrt(mean(x^2) + eps),
 //     out = x * rstd * weight. The backwards recompute xhat from the saved mean / rstd:
@@ -122,8 +123,7 @@ __global__ void SoftmaxBackwardRowsKernel(const T* __restrict__ y, const T* __re
 
 // inner > 1: thread t owns column (o, i) of (outer, n, inner).
 template <bool kLog, typename T>
-__global__ void SoftmaxColsKernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n,
-                                  int64_t inner) {
+__global__ void SoftmaxColsKernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner) {
     using V = Acc<T>;
     GPU_KERNEL_LOOP(t, outer * inner) {
         const int64_t base = (t / inner) * n * inner + t % inner;
@@ -136,7 +136,8 @@ __global__ void SoftmaxColsKernel(const T* __restrict__ x, T* __restrict__ y, in
             for (int64_t j = 0; j < n; ++j) y[base + j * inner] = FromAcc<T>(ToAcc(x[base + j * inner]) - shift);
         } else {
             const V inv = V(1) / sum;
-            for (int64_t j = 0; j < n; ++j) y[base + j * inner] = FromAcc<T>(Exp(ToAcc(x[base + j * inner]) - mx) * inv);
+            for (int64_t j = 0; j < n; ++j)
+                y[base + j * inner] = FromAcc<T>(Exp(ToAcc(x[base + j * inner]) - mx) * inv);
         }
     }
 }

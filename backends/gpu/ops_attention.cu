@@ -92,11 +92,12 @@ void SdpaForward(KernelContext& ctx) {
     const C* qc = AsCompute<T, C>(ctx, q, keep, op);
     const C* kc = AsCompute<T, C>(ctx, k, keep, op);
     const C* vc = AsCompute<T, C>(ctx, v, keep, op);
-    Tensor scores_t = Scratch(ctx, {rows * d.S}, q.dtype() == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32);
+    Tensor scores_t =
+        Scratch(ctx, {rows * d.S}, q.dtype() == DataType::kFloat64 ? DataType::kFloat64 : DataType::kFloat32);
     C* scores = scores_t.data<C>();
     // scores[bg] [g*T, S] = scale * Q[bg] [g*T, D] @ K[bg] [S, D]^T
-    RowMajorGemm<C, C>(op, h, s, false, true, gT, d.S, d.D, scale, qc, gT * d.D, kc, d.S * d.D, 0.0, scores,
-                       gT * d.S, batch);
+    RowMajorGemm<C, C>(op, h, s, false, true, gT, d.S, d.D, scale, qc, gT * d.D, kc, d.S * d.D, 0.0, scores, gT * d.S,
+                       batch);
     LaunchSdpaSoftmax<C>(s, scores, lse.data<C>(), rows, d.T, d.S, causal);
     GPU_CHECK_LAUNCH(op);
     // out[bg] [g*T, D] = P [g*T, S] @ V [S, D]
@@ -141,8 +142,8 @@ void SdpaBackward(KernelContext& ctx) {
     RowMajorGemm<C, C>(op, h, s, false, true, gT, d.S, d.D, 1.0, gc, sq, vc, skv, 0.0, dP, ss, batch);
     // dS = P * (dP - rowsum(dO * out)), in place in dP.
     if (rows > 0) {
-        SdpaDsKernel<T, C><<<Blocks(rows, 1), RowBlockThreads(std::max(d.S, d.D)), 0, s>>>(
-            P, dP, g.data<T>(), o.data<T>(), rows, d.S, d.D);
+        SdpaDsKernel<T, C><<<Blocks(rows, 1), RowBlockThreads(std::max(d.S, d.D)), 0, s>>>(P, dP, g.data<T>(),
+                                                                                           o.data<T>(), rows, d.S, d.D);
         GPU_CHECK_LAUNCH(op);
     }
     // dQ [g*T, D] = scale * dS [g*T, S] @ K [S, D]; dK [S, D] = scale * dS^T [S, g*T] @ Q [g*T, D].

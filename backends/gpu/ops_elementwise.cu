@@ -144,8 +144,8 @@ void Axpy(KernelContext& ctx) {
     const double alpha = ctx.f(0);
     DispatchFloat(y.dtype(), "axpy_", [&](auto tag) {
         using T = typename decltype(tag)::type;
-        Map2(y.data<T>(), x.data<T>(), y.data<T>(), y.numel(), AxpyFn<T>{static_cast<Acc<T>>(alpha)},
-             NativeStream(ctx), "axpy_");
+        Map2(y.data<T>(), x.data<T>(), y.data<T>(), y.numel(), AxpyFn<T>{static_cast<Acc<T>>(alpha)}, NativeStream(ctx),
+             "axpy_");
     });
 }
 

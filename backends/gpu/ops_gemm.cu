@@ -82,8 +82,8 @@ void Matmul(KernelContext& ctx) {
                 while (j + 1 < count && ao[j + 1] - ao[j] == da && bo[j + 1] - bo[j] == db) ++j;
                 ++j;
             }
-            RowMajorGemm<T, T>("matmul", h, s, ta, tb, m, n, k, 1.0, ap + ao[i] * mk, da * mk, bp + bo[i] * kn,
-                               db * kn, 0.0, cp + i * mn, mn, j - i);
+            RowMajorGemm<T, T>("matmul", h, s, ta, tb, m, n, k, 1.0, ap + ao[i] * mk, da * mk, bp + bo[i] * kn, db * kn,
+                               0.0, cp + i * mn, mn, j - i);
             i = j;
         }
     });
@@ -105,8 +105,8 @@ void Linear(KernelContext& ctx) {
             BiasRowsKernel<T><<<Blocks(nrows * out_f), kThreads, 0, s>>>(bias->data<T>(), out.data<T>(), nrows, out_f);
             GPU_CHECK_LAUNCH("linear");
         }
-        RowMajorGemm<T, T>("linear", Blas(ctx), s, false, true, nrows, out_f, in_f, 1.0, x.data<T>(), 0,
-                           w.data<T>(), 0, bias ? 1.0 : 0.0, out.data<T>(), 0, 1);
+        RowMajorGemm<T, T>("linear", Blas(ctx), s, false, true, nrows, out_f, in_f, 1.0, x.data<T>(), 0, w.data<T>(), 0,
+                           bias ? 1.0 : 0.0, out.data<T>(), 0, 1);
     });
 }
 

@@ -37,9 +37,7 @@ void Embedding(KernelContext& ctx) {
         return;
     }
     // The widest unit that divides a row and aligns both tensors.
-    auto fits = [&](int64_t u) {
-        return row_bytes % u == 0 && Aligned(w.data(), u) && Aligned(out.data(), u);
-    };
+    auto fits = [&](int64_t u) { return row_bytes % u == 0 && Aligned(w.data(), u) && Aligned(out.data(), u); };
     if (fits(16)) {
         LaunchEmbedding<uint4>(ctx, rows, row_bytes, V);
     } else if (fits(8)) {
@@ -117,9 +115,8 @@ void ScatterAdd(KernelContext& ctx) {
             GPU_CHECK_LAUNCH("scatter_add");
         }
         if (total > 0) {
-            ScatterAddKernel<T><<<Blocks(total), kThreads, 0, s>>>(buf.data<double>(), index.data<int64_t>(),
-                                                                   src.data<T>(), total, n, m, inner, d,
-                                                                   DeviceErrorSlot(ctx));
+            ScatterAddKernel<T><<<Blocks(total), kThreads, 0, s>>>(
+                buf.data<double>(), index.data<int64_t>(), src.data<T>(), total, n, m, inner, d, DeviceErrorSlot(ctx));
             GPU_CHECK_LAUNCH("scatter_add");
         }
         if (x.numel() > 0) {

@@ -20,9 +20,9 @@ void CrossEntropy(KernelContext& ctx) {
         double* row_loss = rows.data<double>();
         double* row_kept = row_loss + std::max<int64_t>(N, 1);
         if (N > 0) {
-            CrossEntropyRowsKernel<T><<<Blocks(N, 1), RowBlockThreads(V), 0, s>>>(
-                logits.data<T>(), target.data<int64_t>(), lse.data<S>(), row_loss, row_kept, N, V, ignore,
-                DeviceErrorSlot(ctx));
+            CrossEntropyRowsKernel<T>
+                <<<Blocks(N, 1), RowBlockThreads(V), 0, s>>>(logits.data<T>(), target.data<int64_t>(), lse.data<S>(),
+                                                             row_loss, row_kept, N, V, ignore, DeviceErrorSlot(ctx));
             GPU_CHECK_LAUNCH("cross_entropy");
         }
         CrossEntropyLossKernel<S><<<1, 1024, 0, s>>>(row_loss, row_kept, N, loss.data<S>());

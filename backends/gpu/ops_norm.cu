@@ -117,8 +117,8 @@ void NormBackward(KernelContext& ctx, const char* op) {
         NormBackwardParamsKernel<kRms, T><<<Blocks(P * C), kThreads, 0, s>>>(
             g.data<T>(), x.data<T>(), mp, rstd.data<S>(), partial.data<double>(), rows, C, P, chunk);
         GPU_CHECK_LAUNCH(op);
-        NormBackwardCombineKernel<kRms, T><<<Blocks(C), kThreads, 0, s>>>(
-            partial.data<double>(), dw.data<T>(), db ? db->data<T>() : nullptr, C, P);
+        NormBackwardCombineKernel<kRms, T>
+            <<<Blocks(C), kThreads, 0, s>>>(partial.data<double>(), dw.data<T>(), db ? db->data<T>() : nullptr, C, P);
         GPU_CHECK_LAUNCH(op);
     });
 }

@@ -118,8 +118,8 @@ void ReduceDims(KernelContext& ctx, bool mean, const char* op) {
             MemcpyDeviceAsync(y.data(), x.data(), x.nbytes(), s);
             return;
         }
-        FinalizeKernel<T><<<Blocks(nout), kThreads, 0, s>>>(cur, y.data<T>(), nout, 1.0 / static_cast<double>(count),
-                                                            mean);
+        FinalizeKernel<T>
+            <<<Blocks(nout), kThreads, 0, s>>>(cur, y.data<T>(), nout, 1.0 / static_cast<double>(count), mean);
         GPU_CHECK_LAUNCH(op);
     });
 }
@@ -141,8 +141,8 @@ void Argmax(KernelContext& ctx) {
         using T = typename decltype(tag)::type;
         if (y.numel() == 0) return;
         if (inner > 1) {
-            ArgmaxColKernel<T><<<Blocks(outer * inner), kThreads, 0, s>>>(x.data<T>(), y.data<int64_t>(), outer, R,
-                                                                         inner);
+            ArgmaxColKernel<T>
+                <<<Blocks(outer * inner), kThreads, 0, s>>>(x.data<T>(), y.data<int64_t>(), outer, R, inner);
         } else if (R <= 4096) {
             ArgmaxRowKernel<T, false>
                 <<<Blocks(outer, kThreads / kGroup), kThreads, 0, s>>>(x.data<T>(), y.data<int64_t>(), outer, R);

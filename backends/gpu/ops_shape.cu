@@ -62,7 +62,7 @@ template <typename U>
 void LaunchSliceCopy(void* full, void* part, int64_t outer, int64_t n, int64_t len, int64_t inner, int64_t start,
                      int64_t step, bool to_part, NativeStream_t s) {
     SliceCopyKernel<U><<<Blocks(outer * len * inner), kThreads, 0, s>>>(static_cast<U*>(full), static_cast<U*>(part),
-                                                                       outer, n, len, inner, start, step, to_part);
+                                                                        outer, n, len, inner, start, step, to_part);
 }
 
 // Copies between full (outer, n, inner) and part (outer, len, inner) at [start : : step] of the middle dim, in

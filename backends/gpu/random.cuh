@@ -31,7 +31,9 @@ __host__ __device__ __forceinline__ uint64_t Mix64(uint64_t z) {
 // key_s = mix64(seed + (s + 1) * G), computed on the host.
 inline uint64_t StreamKey(uint64_t seed, uint64_t stream) { return Mix64(seed + (stream + 1) * kGolden); }
 
-__device__ __forceinline__ uint64_t RandomBits(uint64_t key, uint64_t counter) { return Mix64(key + counter * kGolden); }
+__device__ __forceinline__ uint64_t RandomBits(uint64_t key, uint64_t counter) {
+    return Mix64(key + counter * kGolden);
+}
 __device__ __forceinline__ double U24(uint64_t bits) { return static_cast<double>(bits >> 40) * 0x1p-24; }
 __device__ __forceinline__ double U53(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1p-53; }
 

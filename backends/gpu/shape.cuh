@@ -45,8 +45,7 @@ __global__ void SliceCopyKernel(U* __restrict__ full, U* __restrict__ part, int6
 
 // tril (kLower) keeps x[..., i, j] with j <= i + k, triu keeps j >= i + k; the rest become zero bits.
 template <typename U, bool kLower>
-__global__ void TriKernel(const U* __restrict__ x, U* __restrict__ y, int64_t total, int64_t M, int64_t N,
-                          int64_t k) {
+__global__ void TriKernel(const U* __restrict__ x, U* __restrict__ y, int64_t total, int64_t M, int64_t N, int64_t k) {
     GPU_KERNEL_LOOP(q, total) {
         const int64_t r = q / N, j = q - r * N, i = r % M;
         const bool keep = kLower ? j <= i + k : j >= i + k;
