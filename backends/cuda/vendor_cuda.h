@@ -92,9 +92,14 @@ inline void CheckBlas(cublasStatus_t s, const char* what) {
     }
 }
 
+// Split-K partial sums stay in float32 even when C is bfloat16/float16 (cuBLAS would otherwise keep them in C's
+// type, rounding more than once).
 inline BlasHandle CreateBlasHandle() {
     cublasHandle_t h = nullptr;
     CheckBlas(cublasCreate(&h), "cublasCreate");
+    CheckBlas(cublasSetMathMode(
+                  h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+              "cublasSetMathMode");
     return h;
 }
 
