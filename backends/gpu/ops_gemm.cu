@@ -76,7 +76,7 @@ void Matmul(KernelContext& ctx) {
         const int64_t mk = m * k, kn = k * n, mn = m * n;
         for (int64_t i = 0; i < count;) {
             int64_t j = i + 1, da = 0, db = 0;
-            if (j < count) {
+            if (j < count && ao[j] >= ao[i] && bo[j] >= bo[i]) {  // a run of non-negative strides
                 da = ao[j] - ao[i];
                 db = bo[j] - bo[i];
                 while (j + 1 < count && ao[j + 1] - ao[j] == da && bo[j + 1] - bo[j] == db) ++j;
