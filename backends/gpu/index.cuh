@@ -45,8 +45,8 @@ __global__ void EmbeddingKernel(const U* __restrict__ w, const int64_t* __restri
 }
 
 // Records the first index outside [0, limit).
-__global__ void CheckIndicesKernel(const int64_t* __restrict__ index, int64_t n, int64_t limit, IndexErrorKind kind,
-                                   int64_t extra, DeviceErrorRecord* err) {
+static __global__ void CheckIndicesKernel(const int64_t* __restrict__ index, int64_t n, int64_t limit,
+                                          IndexErrorKind kind, int64_t extra, DeviceErrorRecord* err) {
     GPU_KERNEL_LOOP(i, n) {
         const int64_t v = index[i];
         if (v < 0 || v >= limit) RecordIndexError(err, kind, v, i, limit, extra);
@@ -54,8 +54,8 @@ __global__ void CheckIndicesKernel(const int64_t* __restrict__ index, int64_t n,
 }
 
 // keys[p] = index[p] * N + p for p < N (bad indices get the maximum key and are recorded), all-ones padding after.
-__global__ void EmbeddingKeysKernel(const int64_t* __restrict__ index, uint64_t* __restrict__ keys, int64_t N,
-                                    int64_t padded, int64_t V, DeviceErrorRecord* err) {
+static __global__ void EmbeddingKeysKernel(const int64_t* __restrict__ index, uint64_t* __restrict__ keys, int64_t N,
+                                           int64_t padded, int64_t V, DeviceErrorRecord* err) {
     GPU_KERNEL_LOOP(p, padded) {
         uint64_t key = ~uint64_t{0};
         if (p < N) {
@@ -87,7 +87,7 @@ __device__ __forceinline__ void BitonicStep(uint64_t* keys, int64_t i, int64_t j
 
 // Every step with j < kSortTile of stages k_first..k_last (powers of two) within one tile, in shared memory.
 // k_first == 2 sorts each tile from scratch; k_first == k_last == k finishes stage k after the global steps.
-__global__ void BitonicTileKernel(uint64_t* __restrict__ keys, int64_t k_first, int64_t k_last) {
+static __global__ void BitonicTileKernel(uint64_t* __restrict__ keys, int64_t k_first, int64_t k_last) {
     __shared__ uint64_t tile[kSortTile];
     const int64_t base = static_cast<int64_t>(blockIdx.x) * kSortTile;
     for (int t = threadIdx.x; t < kSortTile; t += blockDim.x) tile[t] = keys[base + t];
@@ -112,7 +112,7 @@ __global__ void BitonicTileKernel(uint64_t* __restrict__ keys, int64_t k_first, 
 }
 
 // One global step (j >= kSortTile) of stage k.
-__global__ void BitonicGlobalKernel(uint64_t* __restrict__ keys, int64_t n, int64_t j, int64_t k) {
+static __global__ void BitonicGlobalKernel(uint64_t* __restrict__ keys, int64_t n, int64_t j, int64_t k) {
     GPU_KERNEL_LOOP(i, n) { BitonicStep(keys, i, j, k); }
 }
 
