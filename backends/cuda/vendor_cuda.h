@@ -92,19 +92,6 @@ inline void CheckBlas(cublasStatus_t s, const char* what) {
     }
 }
 
-// Split-K partial sums stay in float32 even when C is bfloat16/float16 (cuBLAS would otherwise keep them in C's
-// type, rounding more than once).
-inline BlasHandle CreateBlasHandle() {
-    cublasHandle_t h = nullptr;
-    CheckBlas(cublasCreate(&h), "cublasCreate");
-    CheckBlas(cublasSetMathMode(
-                  h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
-              "cublasSetMathMode");
-    return h;
-}
-
-inline void BlasSetStream(BlasHandle h, NativeStream_t s) { CheckBlas(cublasSetStream(h, s), "cublasSetStream"); }
-
 // TF32 tensor cores for float32 GEMMs only when INFINITRAIN_CUDA_TF32=1: they round inputs to 10 mantissa bits,
 // which the float32 tolerances of the op tests do not allow, so exact float32 is the default.
 inline bool Tf32Enabled() {
