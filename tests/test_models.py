@@ -23,10 +23,10 @@ def tiny(kind, device=DEVICE):
     return LLaMA3(cfg, device)
 
 
-def train(kind, steps, data, seed=3, dtype="float32", device=DEVICE):
+def train(kind, steps, data, seed=3, dtype="float32", device=DEVICE, lr=1e-2):
     it.manual_seed(seed)
     model = tiny(kind, device)
-    opt = it.optim.AdamW(list(model.parameters()), lr=1e-2, weight_decay=0.0)
+    opt = it.optim.AdamW(list(model.parameters()), lr=lr, weight_decay=0.0)
     x, y = it.from_numpy(data[:, :-1], device=device), it.from_numpy(data[:, 1:], device=device)
     losses = []
     for _ in range(steps):
@@ -60,9 +60,11 @@ def test_loss_falls_in_20_steps(kind, dtype):
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
 def test_loss_curve_matches_cpu(kind, dtype, tol):
     """The bar for every provider: a tiny model's loss curve on a device matches the CPU curve step by step."""
+    # lr 3e-3 descends smoothly; at 1e-2 GPT-2 has loss spikes, which amplify bfloat16 rounding
+    # differences between devices (a different GEMM summation order) past any fixed tolerance.
     data = batch()
-    _, on_device = train(kind, 10, data, dtype=dtype)
-    _, on_cpu = train(kind, 10, data, dtype=dtype, device="cpu")
+    _, on_device = train(kind, 10, data, dtype=dtype, lr=3e-3)
+    _, on_cpu = train(kind, 10, data, dtype=dtype, device="cpu", lr=3e-3)
     np.testing.assert_allclose(on_device, on_cpu, rtol=0, atol=tol)
 
 
