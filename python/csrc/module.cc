@@ -4,8 +4,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdio>
 #include <cstring>
+#include <new>
 #include <optional>
+#include <typeinfo>
 
 #include "infinitrain/ccl.h"
 #include "infinitrain/op.h"
@@ -88,8 +91,47 @@ Tensor FromNumpy(py::array arr, const std::string& dtype, const std::string& dev
     return t.To(d);
 }
 
+// A bare std::bad_alloc reaches Python as MemoryError("std::bad_alloc"); this one says what was allocated.
+class NamedBadAlloc : public std::bad_alloc {
+public:
+    explicit NamedBadAlloc(std::string what) : what_(std::move(what)) {}
+    const char* what() const noexcept override { return what_.c_str(); }
+
+private:
+    std::string what_;
+};
+
+std::string DescribeBytes(const Shape& shape, DataType dtype) {
+    double bytes = static_cast<double>(DataTypeSize(dtype));
+    for (int64_t d : shape) bytes *= static_cast<double>(d);
+    const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    for (; bytes >= 1024 && u < 6; ++u) bytes /= 1024;
+    char buf[48];
+    std::snprintf(buf, sizeof(buf), u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+    return std::string(DataTypeName(dtype)) + ShapeToString(shape) + " (" + buf + ")";
+}
+
+[[noreturn]] void RethrowNamedBadAlloc(const std::bad_alloc& e, const std::string& what) {
+    if (typeid(e) != typeid(std::bad_alloc) && typeid(e) != typeid(std::bad_array_new_length)) throw;
+    throw NamedBadAlloc(what);
+}
+
 py::list RunOp(const Op& op, const std::vector<Tensor>& in, const Attrs& attrs) {
-    std::vector<Tensor> out = op.Call(in, attrs);
+    std::vector<Tensor> out;
+    try {
+        out = op.Call(in, attrs);
+    } catch (const std::bad_alloc& e) {
+        std::string outs;
+        try {
+            for (const TensorMeta& m : op.Meta(in, attrs)) {
+                outs += (outs.empty() ? "" : ", ") + DescribeBytes(m.shape, m.dtype);
+            }
+        } catch (...) {  // the message is best effort; the MemoryError still comes
+        }
+        RethrowNamedBadAlloc(
+            e, std::string(op.name()) + ": out of memory" + (outs.empty() ? "" : " with outputs " + outs));
+    }
     py::list l(out.size());
     for (size_t i = 0; i < out.size(); ++i) l[i] = py::cast(std::move(out[i]));
     return l;
@@ -230,7 +272,14 @@ PYBIND11_MODULE(_C, m) {
         .def("__repr__", &Tensor::ToString);
 
     m.def("empty", [](const Shape& shape, const std::string& dtype, const std::string& device) {
-        return Tensor::Empty(shape, ParseDataType(dtype), Dev(device));
+        DataType dt = ParseDataType(dtype);
+        Device d = Dev(device);
+        try {
+            return Tensor::Empty(shape, dt, d);
+        } catch (const std::bad_alloc& e) {
+            RethrowNamedBadAlloc(e,
+                                 "empty: out of memory allocating " + DescribeBytes(shape, dt) + " on " + d.ToString());
+        }
     });
     m.def("from_numpy", &FromNumpy, py::arg("array"), py::arg("dtype"), py::arg("device"));
 

@@ -19,6 +19,22 @@ def _check_dtype(dtype):
     return dtype
 
 
+def _dim(d, ndim, op):
+    if not -ndim <= d < ndim:
+        raise IndexError(f"{op}: dim {d} out of range for a {ndim}-d tensor (expected {-ndim} <= dim < {ndim})")
+    return d % ndim
+
+
+def _to_device_name(device):
+    """Tensor.to's positional argument that is not a dtype: a device, or a clear error naming both kinds."""
+    try:
+        return _C.parse_device(device)
+    except (ValueError, TypeError) as e:
+        if isinstance(device, str) and ":" not in device:
+            raise ValueError(f"to: {device!r} is neither a dtype ({', '.join(DTYPES)}) nor a device ({e})") from None
+        raise
+
+
 class Tensor:
     __slots__ = ("_t", "requires_grad", "grad", "_node", "_hooks", "_retains_grad", "__weakref__")
 
@@ -134,7 +150,9 @@ class Tensor:
             else:
                 device = a
         out = self
-        if device is not None and _C.parse_device(device) != self.device:
+        if device is not None:
+            device = _to_device_name(device)
+        if device is not None and device != self.device:
             out = F.to_device(out, device)
         if dtype is not None and dtype != out.dtype:
             out = F.cast(out, _check_dtype(dtype))
@@ -232,6 +250,7 @@ class Tensor:
 
     def transpose(self, a, b):
         dims = list(range(self.ndim))
+        a, b = _dim(a, self.ndim, "transpose"), _dim(b, self.ndim, "transpose")
         dims[a], dims[b] = dims[b], dims[a]
         return self.permute(dims)
 
