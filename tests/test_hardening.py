@@ -180,3 +180,195 @@ def test_optimizers_refuse_non_finite_hyperparameters_later_too():
         opt.lr = float("nan")  # the train loop sets lr every step
     with pytest.raises(ValueError, match="max_norm"):
         it.optim.clip_grad_norm_(p, float("nan"))
+
+
+# ---- model files -------------------------------------------------------------------------------------------
+
+
+def tiny_llama(**kw):
+    cfg = dict(ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=2.0**-17, rope_theta=1e4)
+    cfg.update(kw)
+    return LLaMA3(LLaMA3Config(16, 61, 2, 4, 2, 32, **cfg), DEVICE)
+
+
+def write_llama_header(path, ints, floats=None, n_params=None):
+    """A LLaMA 3 model file from raw header words: 256 int32 words, then (llm.c layout) 256 float32 words."""
+    header = np.zeros(256, "<i4")
+    header[: len(ints)] = ints
+    parts = [header.tobytes()]
+    if floats is not None:
+        f = np.zeros(256, "<f4")
+        f[: len(floats)] = floats
+        parts.append(f.tobytes())
+    parts.append(np.zeros(n_params or 0, "<f4").tobytes())
+    path.write_bytes(b"".join(parts))
+    return path
+
+
+def test_llama3_reads_llmc_train_llama3_layout(tmp_path):
+    """llm.c's train_llama3.py writes int32[256] (magic, version, block_size, vocab, n_layer, n_head, n_kv_head,
+    n_embd, multiple_of, use_scaled_rope, major, minor) then float32[256] (ffn_dim_multiplier, norm_eps,
+    rope_theta); both layouts are read, told apart by the header."""
+    it.manual_seed(5)
+    m = tiny_llama()
+    ours, theirs = tmp_path / "ours.bin", tmp_path / "llmc.bin"
+    m.save_llmc(ours)
+    m.save_llmc(theirs, layout="llmc")
+    ints = np.fromfile(theirs, "<i4", count=256)
+    floats = np.fromfile(theirs, "<f4", count=256, offset=1024)
+    assert list(ints[:12]) == [20240803, 3, 16, 61, 2, 4, 2, 32, 16, 1, 3, 1] and not ints[12:].any()
+    assert list(floats[:3]) == [1.0, 2.0**-17, 1e4] and not floats[3:].any()
+    params = np.fromfile(theirs, "<f4", offset=2048)
+    np.testing.assert_array_equal(params, np.fromfile(ours, "<f4", offset=1024))
+    assert (
+        LLaMA3.llmc_layout(ints) == "llmc" and LLaMA3.llmc_layout(np.fromfile(ours, "<i4", count=256)) == "infinitrain"
+    )
+    for path in (ours, theirs):
+        loaded = LLaMA3.from_llmc(path, DEVICE)
+        for (n, a), (_, b) in zip(m.named_parameters(), loaded.named_parameters(), strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"{path.name} {n}")
+        assert loaded.config.rope_theta == 1e4 and loaded.config.norm_eps == 2.0**-17
+    # A file in llm.c's layout written here by hand, not by our writer: the parameter count decides nothing.
+    n = m.num_parameters()
+    hand = write_llama_header(
+        tmp_path / "hand.bin", [20240803, 3, 16, 61, 2, 4, 2, 32, 16, 1, 3, 1], [1.0, 1e-5, 1e4], n
+    )
+    cfg = LLaMA3.from_llmc(hand).config
+    assert (cfg.multiple_of, cfg.use_scaled_rope, cfg.version_minor) == (16, True, 1)
+    assert cfg.norm_eps == pytest.approx(1e-5) and cfg.rope_theta == 1e4
+
+
+GOOD_LLAMA = [20240803, 3, 16, 61, 2, 4, 2, 32, 16, 1, 3, 1]
+
+
+@pytest.mark.parametrize(
+    "ints,floats,field",
+    [
+        ({5: 0}, {}, "n_head"),
+        ({6: 0}, {}, "n_kv_head"),
+        ({2: 2**29}, {}, "block_size"),
+        ({2: -5}, {}, "block_size"),
+        ({9: 7}, {}, "use_scaled_rope"),
+        ({10: -1}, {}, "version_major"),
+        ({8: 0}, {}, "multiple_of"),
+        ({}, {1: float("inf")}, "norm_eps"),
+        ({}, {1: float("nan")}, "norm_eps"),
+        ({}, {1: 0.0}, "norm_eps"),
+        ({}, {2: float("inf")}, "rope_theta"),
+        ({}, {2: 1e30}, "rope_theta"),
+        ({}, {0: float("nan")}, "ffn_dim_multiplier"),
+        ({}, {0: -1.0}, "ffn_dim_multiplier"),
+        ({7: 36}, {}, "head dimension"),
+    ],
+)
+def test_llama3_header_fields_are_validated(tmp_path, ints, floats, field):
+    """OOM-kill case (block_size 2**29 sized the RoPE tables) and silent accepts: each header field is checked
+    before anything is allocated, and the error names the file and the field."""
+    words = list(GOOD_LLAMA)
+    for i, v in ints.items():
+        words[i] = v
+    fl = [1.0, 1e-5, 1e4]
+    for i, v in floats.items():
+        fl[i] = v
+    path = write_llama_header(tmp_path / "bad.bin", words, fl, 1000)
+    with pytest.raises(ValueError, match=field) as e:
+        LLaMA3.from_llmc(path)
+    assert str(path) in str(e.value)
+
+
+def test_llama3_our_layout_fields_are_validated(tmp_path):
+    """The single-header layout too: max_gen_batch_size negative, version_major -1, non-finite floats."""
+    m = tiny_llama()
+    good = tmp_path / "good.bin"
+    m.save_llmc(good)
+    for word, value, field in [
+        (13, -1, "max_gen_batch_size"),
+        (14, -1, "version_major"),
+        (8, np.float32("nan").view("<i4"), "ffn_dim_multiplier"),
+        (11, np.float32("inf").view("<i4"), "rope_theta"),
+        (10, np.float32(-1e-5).view("<i4"), "norm_eps"),
+    ]:
+        data = bytearray(good.read_bytes())
+        data[word * 4 : word * 4 + 4] = np.array([value], "<i4").tobytes()
+        bad = tmp_path / f"bad{word}.bin"
+        bad.write_bytes(bytes(data))
+        with pytest.raises(ValueError, match=field):
+            LLaMA3.from_llmc(bad)
+
+
+def test_llama3_huge_block_size_within_bounds_allocates_nothing_up_front():
+    """RoPE tables cover the lengths in use, not block_size (a header may set it to the maximum)."""
+    m = LLaMA3(LLaMA3Config(1 << 20, 61, 1, 2, 1, 16, ffn_dim_multiplier=1.0, multiple_of=16), DEVICE)
+    logits, _ = m(it.from_numpy(np.zeros((1, 5), np.int64), device=DEVICE))
+    assert logits.shape == (1, 5, 61) and m._rope[0].shape[0] == 64
+
+
+@pytest.mark.parametrize("word,value,field", [(5, 0, "n_head"), (5, 3, "n_head"), (6, 0, "n_embd"), (7, 10, "padded")])
+def test_gpt2_header_fields_are_validated(tmp_path, word, value, field):
+    """An llm.c GPT-2 file with n_head=0 raised ZeroDivisionError; n_head must divide n_embd."""
+    header = np.zeros(256, "<i4")
+    header[:8] = [20240326, 3, 16, 61, 1, 2, 32, 64]
+    header[word] = value
+    path = tmp_path / "g.bin"
+    path.write_bytes(header.tobytes() + bytes(400))
+    with pytest.raises(ValueError, match=field) as e:
+        GPT2.from_llmc(path)
+    assert str(path) in str(e.value)
+
+
+# ---- checkpoints and token files ---------------------------------------------------------------------------
+
+
+def crafted_checkpoint(path, entries, data=b"", meta=None):
+    """A checkpoint with a valid checksum around whatever entries it is given."""
+    import hashlib
+    import json
+    import struct
+
+    header = json.dumps({"meta": meta or {}, "tensors": entries}).encode()
+    prefix = struct.pack("<8sIIQQ", b"INFTCKPT", 1, 0, len(header), len(data))
+    body = prefix + header
+    body += bytes((-len(body)) % 64) + data
+    path.write_bytes(body + hashlib.sha256(body).digest())
+    return path
+
+
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ({"name": "w", "dtype": "<f4", "shape": [2], "offset": 4, "nbytes": 8}, "not a multiple of 64"),
+        ({"name": "w", "dtype": "<f4", "shape": [2.5], "offset": 0, "nbytes": 8}, "must be integers"),
+        ({"name": "w", "dtype": "<f4", "shape": [True, 2], "offset": 0, "nbytes": 8}, "must be integers"),
+        ({"name": 3, "dtype": "<f4", "shape": [2], "offset": 0, "nbytes": 8}, "must be str"),
+        ({"name": "w", "dtype": "<f4", "shape": [2**40, 2**40], "offset": 0, "nbytes": 0}, "does not make"),
+    ],
+)
+def test_crafted_checkpoint_with_valid_hash_is_refused(tmp_path, entry, message):
+    from infinitrain import checkpoint
+
+    path = crafted_checkpoint(tmp_path / "c.bin", [entry], bytes(128))
+    with pytest.raises(ValueError, match=message):
+        checkpoint.load(path)
+
+
+def test_token_file_truncated_while_training_raises_not_sigbus(tmp_path):
+    """SIGBUS case: token files were memory-mapped, so truncating one under a running loader killed it."""
+    path = tmp_path / "tokens.bin"
+    it.data.write_tokens(path, np.arange(200_000) % 1000, kind="gpt2")
+    p = run_child(
+        f"""
+        import os
+        from infinitrain.data import DataLoader
+        loader = DataLoader({str(path)!r}, 4, 64, shuffle=False)
+        next(loader)
+        os.truncate({str(path)!r}, 4096)
+        try:
+            for _ in range(loader.batches_per_epoch):
+                next(loader)
+            print("read on")
+        except ValueError as e:
+            print("ValueError:", e)
+        """
+    )
+    assert_no_signal(p)
+    assert "ValueError:" in p.stdout and "changed while in use" in p.stdout, p.stdout

@@ -208,8 +208,8 @@ class LLaMA3(nn.Module):
     def llmc_layout(header):
         """The header layout of an llm.c LLaMA 3 file from its first 256 words: "llmc" when word 10 holds the
         major version as a small int (llm.c's train_llama3.py), "infinitrain" when it holds norm_eps's float32
-        bits (a positive normal float is at least 2**23 as an int)."""
-        return "llmc" if 0 <= int(header[10]) < 1 << 23 else "infinitrain"
+        bits (a normal float's bits are at least 2**23 in magnitude as an int)."""
+        return "llmc" if abs(int(header[10])) < 1 << 23 else "infinitrain"
 
     @classmethod
     def config_from_llmc_header(cls, h):
