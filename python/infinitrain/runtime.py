@@ -53,3 +53,9 @@ def max_memory_allocated(device):
 
 def reset_peak_memory_stats(device):
     _C.reset_peak_memory(device)
+
+
+def parse_device(device):
+    """The canonical name of a device string ("sim" -> "sim:0"); registers its provider on first use.
+    Raises ValueError for an unknown device type or index."""
+    return _C.parse_device(device)

@@ -6,6 +6,7 @@ GPT-2 files hold uint16 tokens, LLaMA 3 files uint32 tokens (llm.c's dev/data co
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
@@ -211,5 +212,34 @@ def read_tokens(path: str | os.PathLike) -> np.ndarray:
     tf = TokenFile(path)
     try:
         return tf.read(0, tf.count)
+    finally:
+        tf.close()
+
+
+def token_file_identity(path: str | os.PathLike, samples: int = 64, sample_bytes: int = 4096) -> dict:
+    """What a checkpoint records about its training data: path, size, token count and kind, and a SHA-256 over
+    the header and `samples` blocks spread evenly over the tokens (cheap for any size, and any rewrite of the
+    data almost surely changes it)."""
+    tf = TokenFile(path)
+    try:
+        digest = hashlib.sha256(os.pread(tf._fd, HEADER_BYTES, 0))
+        payload = tf.count * tf.dtype.itemsize
+        if payload <= samples * sample_bytes:
+            starts = [0] if payload else []
+            sample_bytes = payload
+        else:
+            starts = [i * (payload - sample_bytes) // (samples - 1) for i in range(samples)]
+        for s in starts:
+            block = os.pread(tf._fd, sample_bytes, HEADER_BYTES + s)
+            if len(block) != sample_bytes:
+                raise ValueError(f"{tf.path}: the file shrank while it was read")
+            digest.update(block)
+        return {
+            "path": os.path.abspath(tf.path),
+            "size": HEADER_BYTES + payload,
+            "n_tokens": tf.count,
+            "kind": tf.kind,
+            "sample_sha256": digest.hexdigest(),
+        }
     finally:
         tf.close()
