@@ -468,6 +468,16 @@ def evaluate(model, loader, device, batches):
     return float(np.mean(losses))
 
 
+def open_tokens(flag, path, batch_size, seq_len, **kw):
+    """A DataLoader over a token file; a bad file is a usage error naming the flag."""
+    try:
+        return DataLoader(path, batch_size, seq_len, **kw)
+    except (ValueError, OSError) as e:
+        raise UsageError(
+            f"{flag}: {e.strerror + ': ' + path if isinstance(e, OSError) and e.strerror else e}"
+        ) from None
+
+
 def max_token(loader):
     tokens = loader.tokens
     return int(tokens.max()) if len(tokens) else -1
@@ -543,14 +553,21 @@ def train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop):
     else:
         train_path, val_path = default_corpus()
         val_path = values["input_val_bin"] or val_path
-    tokenizer = Tokenizer.load(values["tokenizer_bin"]) if values["tokenizer_bin"] else None
+    tokenizer = None
+    if values["tokenizer_bin"]:
+        try:
+            tokenizer = Tokenizer.load(values["tokenizer_bin"])
+        except ValueError as e:
+            raise UsageError(f"--tokenizer_bin: {e}") from None
     if tokenizer is None and not values["input_bin"]:
         tokenizer = ByteTokenizer()
 
     it.manual_seed(values["seed"])
     # One loader feeds every device: each micro-batch has B rows per device.
-    loader = DataLoader(train_path, B * n, T, shuffle=True, seed=values["seed"])
-    val_loader = DataLoader(val_path, B * n, T, shuffle=False) if values["val_every"] and val_path else None
+    loader = open_tokens("--input_bin", train_path, B * n, T, shuffle=True, seed=values["seed"])
+    val_loader = None
+    if values["val_every"] and val_path:
+        val_loader = open_tokens("--input_val_bin", val_path, B * n, T, shuffle=False)
     vocab = tokenizer.vocab_size if tokenizer is not None else max_token(loader) + 1
     model_flags = {k: values[k] for k in ("llmc_filepath", "sequence_length", "n_layer", "n_head", "n_kv_head")}
     models = [build_model(values["model"], vocab, device, n_embd=values["n_embd"], **model_flags)]
@@ -654,11 +671,11 @@ def train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop):
         log.write(line)
         done = step + 1
         if not (math.isfinite(train_loss) and math.isfinite(norm)) and not values["allow_nonfinite"]:
-            kept = f"the last checkpoint (step {last_saved}) is intact" if last_saved else "nothing was saved"
+            kept = f" (the checkpoint of step {last_saved} is intact)" if last_saved else ""
             raise TrainError(
                 f"non-finite {'loss' if not math.isfinite(train_loss) else 'gradient norm'} at step {done} "
-                f"(loss {train_loss}, norm {norm}); stopped without saving: {kept}. Lower --learning_rate or "
-                "pass --allow_nonfinite to keep going"
+                f"(loss {train_loss}, norm {norm}); stopped without saving{kept}. Lower --learning_rate, "
+                "or pass --allow_nonfinite to keep going"
             )
         progress.show(done)
         if val_loader is not None and (done % values["val_every"] == 0 or done == num_iteration):
