@@ -32,17 +32,19 @@ public:
     virtual Device device() const = 0;
 
     // count elements of dtype; buffers live on device(). In-place when send == recv.
-    virtual void AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, Stream stream) = 0;
-    virtual void Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root, Stream stream) = 0;
+    virtual void AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                           const Stream& stream) = 0;
+    virtual void Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                           const Stream& stream) = 0;
     virtual void Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, int root,
-                        Stream stream) = 0;
+                        const Stream& stream) = 0;
     // recv holds size() * count elements, rank r's contribution at r * count.
-    virtual void AllGather(const void* send, void* recv, size_t count, DataType dtype, Stream stream) = 0;
+    virtual void AllGather(const void* send, void* recv, size_t count, DataType dtype, const Stream& stream) = 0;
     // send holds size() * count elements; recv gets the reduction of block rank().
     virtual void ReduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                               Stream stream) = 0;
-    virtual void Send(const void* buf, size_t count, DataType dtype, int peer, Stream stream) = 0;
-    virtual void Recv(void* buf, size_t count, DataType dtype, int peer, Stream stream) = 0;
+                               const Stream& stream) = 0;
+    virtual void Send(const void* buf, size_t count, DataType dtype, int peer, const Stream& stream) = 0;
+    virtual void Recv(void* buf, size_t count, DataType dtype, int peer, const Stream& stream) = 0;
     // An error raised asynchronously by an earlier collective, or "" when none.
     virtual std::string AsyncError() = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 
 namespace infinitrain {
@@ -13,12 +14,20 @@ struct PendingKernel {
     std::string site;
 };
 
+struct PendingOp {
+    OpDef def;
+    KernelFn kernel;
+    CompositeFn composite;
+    std::string site;
+};
+
 struct Pending {
     RuntimeFactory runtime;
     std::string runtime_site;
     CclFactory ccl;
     std::string ccl_site;
     std::vector<PendingKernel> kernels;
+    std::vector<PendingOp> ops;
     std::vector<std::string> errors;
     bool active = false;
 };
@@ -30,6 +39,40 @@ std::mutex& Mu() {
 std::map<std::string, Pending>& Table() {
     static auto* t = new std::map<std::string, Pending>();
     return *t;
+}
+
+// Everything that could make activation fail, found before anything is activated.
+std::vector<std::string> Problems(const std::string& name, const Pending& p) {
+    std::vector<std::string> problems = p.errors;
+    if (!p.runtime) problems.push_back("it added no device runtime (is its library loaded?)");
+    std::set<std::string> own;
+    for (const PendingOp& o : p.ops) {
+        try {
+            OpSchema s = ParseOpSchema(o.def);
+            if (s.name.rfind(name + ".", 0) != 0) {
+                problems.push_back("op '" + s.name + "' (at " + o.site + ") must be named '" + name + ".<op>'");
+            } else if (!own.insert(s.name).second) {
+                problems.push_back("op '" + s.name + "' is defined twice (again at " + o.site + ")");
+            }
+        } catch (const std::exception& e) {
+            problems.push_back(std::string(e.what()) + " (at " + o.site + ")");
+        }
+    }
+    std::set<std::string> seen;
+    for (const PendingKernel& k : p.kernels) {
+        bool known = own.count(k.op) > 0;
+        if (!known) {
+            try {
+                GetOp(k.op);
+                known = true;
+            } catch (const std::invalid_argument&) {
+            }
+        }
+        if (!known) problems.push_back("kernel registered at " + k.site + " for unknown op '" + k.op + "'");
+        if (!seen.insert(k.op).second)
+            problems.push_back("two kernels for op '" + k.op + "' (again at " + k.site + ")");
+    }
+    return problems;
 }
 
 }  // namespace
@@ -61,6 +104,11 @@ void AddProviderCcl(const char* provider, CclFactory factory, const char* site) 
     p.ccl_site = site;
 }
 
+void AddProviderOp(const char* provider, const OpDef& def, KernelFn kernel, CompositeFn composite, const char* site) {
+    std::lock_guard<std::mutex> lock(Mu());
+    Table()[provider].ops.push_back({def, kernel, std::move(composite), site});
+}
+
 std::vector<std::string> LoadedProviders() {
     std::lock_guard<std::mutex> lock(Mu());
     std::vector<std::string> names;
@@ -71,24 +119,35 @@ std::vector<std::string> LoadedProviders() {
 void RegisterProvider(const PrivateUse1Info& info) {
     std::lock_guard<std::mutex> lock(Mu());
     auto it = Table().find(info.name);
-    if (it == Table().end() || !it->second.runtime) {
+    if (it == Table().end()) {
         throw std::runtime_error("provider '" + info.name + "' added no device runtime (is its library loaded?)");
     }
     Pending& p = it->second;
-    if (!p.errors.empty()) {
+    if (p.active) {
+        RegisterPrivateUse1(info);  // idempotent, or raises for a changed autocast dtype
+        return;
+    }
+    std::vector<std::string> problems = Problems(info.name, p);
+    if (!problems.empty()) {
         std::string msg = "provider '" + info.name + "' registration failed:";
-        for (const std::string& e : p.errors) msg += "\n  " + e;
+        for (const std::string& e : problems) msg += "\n  " + e;
         throw std::runtime_error(msg);
     }
-    RegisterPrivateUse1(info);  // raises when another provider holds the slot
-    if (p.active) return;
+    CheckPrivateUse1(info);  // raises when another provider holds the slot
+    // Nothing below can fail on what was checked above.
+    RegisterPrivateUse1(info);
     RegisterRuntime(DeviceType::kPrivateUse1, p.runtime, p.runtime_site.c_str());
     if (p.ccl) RegisterCcl(DeviceType::kPrivateUse1, p.ccl, p.ccl_site.c_str());
+    for (const PendingOp& o : p.ops) {
+        AddOp(o.def);
+        Op& op = GetMutableOp(ParseOpSchema(o.def).name);
+        if (o.composite) op.SetComposite(o.composite);
+        if (o.kernel) RegisterKernel(DeviceType::kPrivateUse1, op.name(), o.kernel, o.site.c_str());
+    }
     for (const PendingKernel& k : p.kernels) {
         RegisterKernel(DeviceType::kPrivateUse1, k.op.c_str(), k.fn, k.site.c_str());
     }
     p.active = true;
-    CheckRegistrations();
 }
 
 }  // namespace infinitrain

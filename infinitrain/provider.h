@@ -1,8 +1,9 @@
-// The provider mechanism. A provider's libraries add their runtime, kernels
-// and CCL from file scope under the provider's name; nothing is live until the
-// provider's Python module calls register_backend(), which calls
-// RegisterProvider(): that claims the PrivateUse1 slot and activates what the
-// provider added. Several provider libraries may be loaded; one registers.
+// The provider mechanism. A provider's libraries add their runtime, kernels,
+// CCL and ops of their own from file scope under the provider's name; nothing
+// is live until the provider's Python module calls register_backend(), which
+// calls RegisterProvider(): that checks everything the provider added, then
+// claims the PrivateUse1 slot and activates it all, or raises and changes
+// nothing. Several provider libraries may be loaded; one registers.
 #pragma once
 
 #include <string>
@@ -18,9 +19,13 @@ namespace infinitrain {
 void AddProviderRuntime(const char* provider, RuntimeFactory factory, const char* site);
 void AddProviderKernel(const char* provider, const char* op, KernelFn fn, const char* site);
 void AddProviderCcl(const char* provider, CclFactory factory, const char* site);
+// An op of the provider's own: its name must be "<provider>.<op>". The kernel runs on the provider's
+// devices; the composite (optional: an empty function) runs where there is no kernel.
+void AddProviderOp(const char* provider, const OpDef& def, KernelFn kernel, CompositeFn composite, const char* site);
 
-// Idempotent for the same provider; raises when another provider holds the
-// slot, when the provider added no runtime, or when a kernel names an unknown op.
+// Idempotent for the same provider. Raises, registering nothing, when another provider holds the slot,
+// when the provider added no runtime, or when something it added is malformed (a kernel for an unknown
+// op, an op schema that does not parse, two runtimes...).
 void RegisterProvider(const PrivateUse1Info& info);
 
 // Providers whose libraries are loaded in this process (registered or not).
@@ -35,6 +40,10 @@ struct ProviderRegistrar {
     }
     ProviderRegistrar(const char* provider, CclFactory f, const char* site) {
         AddProviderCcl(provider, std::move(f), site);
+    }
+    ProviderRegistrar(const char* provider, const OpDef& def, KernelFn kernel, CompositeFn composite,
+                      const char* site) {
+        AddProviderOp(provider, def, kernel, std::move(composite), site);
     }
 };
 
@@ -54,5 +63,10 @@ struct ProviderRegistrar {
     static ::infinitrain::ProviderRegistrar INFINITRAIN_CONCAT(provider_ccl_, __LINE__)(                           \
         provider, ::infinitrain::CclFactory([] { return std::unique_ptr<::infinitrain::CclBackend>(new cls()); }), \
         INFINITRAIN_SITE)
+
+// REGISTER_PROVIDER_OP("sim", (OpDef{"sim.my_op(x) -> out", OpTier::kProvider, ...}), kernel, composite)
+#define REGISTER_PROVIDER_OP(provider, def, kernel, composite)                                                \
+    static ::infinitrain::ProviderRegistrar INFINITRAIN_CONCAT(provider_op_, __LINE__)(provider, def, kernel, \
+                                                                                       composite, INFINITRAIN_SITE)
 
 }  // namespace infinitrain

@@ -1,18 +1,25 @@
 #include "infinitrain/tensor.h"
 
+#include <cstring>
 #include <stdexcept>
 
 #include "infinitrain/runtime.h"
 
 namespace infinitrain {
 
-Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-    // Zero-size tensors still get a distinct, valid pointer.
-    data_ = GetRuntime(device.type).Malloc(nbytes ? nbytes : 1, device.index);
+Storage::Storage(size_t nbytes, Device device, bool pinned) : nbytes_(nbytes), device_(device), pinned_(pinned) {
+    // Zero-size tensors still get a distinct, valid block.
+    if (pinned) {
+        if (!device.is_cpu()) throw std::invalid_argument("only cpu memory can be pinned, not " + device.ToString());
+        block_ = PinnedAllocator().Allocate(nbytes, Stream());
+    } else {
+        block_ = DeviceAllocator(device).Allocate(nbytes, CurrentStream(device));
+    }
+    data_ = block_->ptr;
 }
 
 Storage::~Storage() {
-    if (owned_) GetRuntime(device_.type).Free(data_, device_.index);
+    if (block_) block_->owner->Free(block_);
 }
 
 int64_t Numel(const Shape& shape) {
@@ -31,16 +38,9 @@ std::string ShapeToString(const Shape& shape) {
     return s + "]";
 }
 
-Tensor Tensor::Empty(const Shape& shape, DataType dtype, Device device) {
+Tensor Tensor::Allocate(const Shape& shape, DataType dtype, Device device, bool pinned) {
     for (int64_t s : shape) {
         if (s < 0) throw std::invalid_argument("negative dimension in shape " + ShapeToString(shape));
-    }
-    if (device.type != DeviceType::kCPU) {
-        int count = GetRuntime(device.type).DeviceCount();
-        if (device.index >= count) {
-            throw std::invalid_argument("device " + device.ToString() + " does not exist: " +
-                                        DeviceTypeName(device.type) + " has " + std::to_string(count) + " device(s)");
-        }
     }
     Tensor t;
     t.shape_ = shape;
@@ -51,16 +51,22 @@ Tensor Tensor::Empty(const Shape& shape, DataType dtype, Device device) {
         throw std::invalid_argument("shape " + ShapeToString(shape) + " of " + DataTypeName(dtype) +
                                     " is too large to allocate");
     }
-    t.storage_ = std::make_shared<Storage>(static_cast<size_t>(nbytes), device);
+    t.storage_ = std::make_shared<Storage>(static_cast<size_t>(nbytes), device, pinned);
     return t;
 }
+
+Tensor Tensor::Empty(const Shape& shape, DataType dtype, Device device) {
+    return Allocate(shape, dtype, device, false);
+}
+
+Tensor Tensor::EmptyPinned(const Shape& shape, DataType dtype) { return Allocate(shape, dtype, Device{}, true); }
 
 Tensor Tensor::FromBlob(void* data, const Shape& shape, DataType dtype, Device device) {
     Tensor t;
     t.shape_ = shape;
     t.numel_ = Numel(shape);
     t.dtype_ = dtype;
-    t.storage_ = std::make_shared<Storage>(data, static_cast<size_t>(t.numel_) * DataTypeSize(dtype), device, false);
+    t.storage_ = std::make_shared<Storage>(data, static_cast<size_t>(t.numel_) * DataTypeSize(dtype), device);
     return t;
 }
 
@@ -103,13 +109,14 @@ Tensor Tensor::Reshape(const Shape& shape) const {
     return t;
 }
 
-Tensor Tensor::To(const Device& dst) const {
-    Tensor out = Empty(shape_, dtype_, dst);
-    CopyTo(out);
+Tensor Tensor::To(const Device& dst, bool non_blocking) const {
+    bool pinned = dst.is_cpu() && non_blocking && !device().is_cpu();
+    Tensor out = pinned ? EmptyPinned(shape_, dtype_) : Empty(shape_, dtype_, dst);
+    CopyTo(out, non_blocking);
     return out;
 }
 
-void Tensor::CopyTo(const Tensor& out) const {
+void Tensor::CopyTo(const Tensor& out, bool non_blocking) const {
     if (out.shape_ != shape_ || out.dtype_ != dtype_) {
         throw std::invalid_argument("copy: " + ToString() + " into " + out.ToString() + " needs equal shape and dtype");
     }
@@ -118,16 +125,28 @@ void Tensor::CopyTo(const Tensor& out) const {
     const Device& src = device();
     const Device& dst = out.device();
     if (src.is_cpu() && dst.is_cpu()) {
-        GetRuntime(DeviceType::kCPU).Memcpy(out.data(), data(), n, MemcpyKind::kDeviceToDevice, 0);
-    } else if (src.is_cpu()) {
-        GetRuntime(dst.type).Memcpy(out.data(), data(), n, MemcpyKind::kHostToDevice, dst.index);
-    } else if (dst.is_cpu()) {
-        GetRuntime(src.type).Memcpy(out.data(), data(), n, MemcpyKind::kDeviceToHost, src.index);
-    } else if (src.type == dst.type) {
-        GetRuntime(src.type).Memcpy(out.data(), data(), n, MemcpyKind::kDeviceToDevice, src.index);
-    } else {
-        To(Device{}).CopyTo(out);
+        std::memmove(out.data(), data(), n);
+        return;
     }
+    if (!src.is_cpu() && !dst.is_cpu() && src != dst) {
+        To(Device{}).CopyTo(out);  // between devices: through the host
+        return;
+    }
+    const Device& dev = src.is_cpu() ? dst : src;
+    MemcpyKind kind = src.is_cpu()   ? MemcpyKind::kHostToDevice
+                      : dst.is_cpu() ? MemcpyKind::kDeviceToHost
+                                     : MemcpyKind::kDeviceToDevice;
+    DeviceRuntime& rt = GetRuntime(dev.type);
+    Stream stream = CurrentStream(dev);
+    DeviceGuard guard(dev);
+    rt.MemcpyAsync(out.data(), data(), n, kind, stream);
+    storage_->RecordStream(stream);
+    out.storage_->RecordStream(stream);
+    // Pageable host sources are staged by the runtime; everything else the host reads or writes waits.
+    bool wait = kind == MemcpyKind::kHostToDevice   ? is_pinned() && !non_blocking
+                : kind == MemcpyKind::kDeviceToHost ? !(non_blocking && out.is_pinned())
+                                                    : false;
+    if (wait) rt.SynchronizeStream(stream);
 }
 
 std::string Tensor::ToString() const {

@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "infinitrain/allocator.h"
 #include "infinitrain/device.h"
 #include "infinitrain/dtype.h"
+#include "infinitrain/stream.h"
 
 namespace infinitrain {
 
@@ -17,10 +19,11 @@ using Shape = std::vector<int64_t>;
 
 class Storage {
 public:
-    Storage(size_t nbytes, Device device);  // allocates through the device's runtime
-    // Wraps memory owned elsewhere (a provider's host view of device memory); never freed here.
-    Storage(void* data, size_t nbytes, Device device, bool owned)
-        : data_(data), nbytes_(nbytes), device_(device), owned_(owned) {}
+    // Allocates from the device's caching allocator for work on the device's current stream
+    // (pinned: page-locked host memory, for a cpu device only).
+    Storage(size_t nbytes, Device device, bool pinned = false);
+    // Wraps memory owned elsewhere (NumPy arrays, a provider's host view of device memory); never freed here.
+    Storage(void* data, size_t nbytes, Device device) : data_(data), nbytes_(nbytes), device_(device) {}
     ~Storage();
     Storage(const Storage&) = delete;
     Storage& operator=(const Storage&) = delete;
@@ -28,6 +31,11 @@ public:
     void* data() const { return data_; }
     size_t nbytes() const { return nbytes_; }
     const Device& device() const { return device_; }
+    bool pinned() const { return pinned_; }
+    // Work on `stream` uses this memory: when freed, it waits for that work (stream-ordered reuse).
+    void RecordStream(const Stream& stream) {
+        if (block_ && stream.handle() != block_->stream.handle()) block_->owner->RecordStream(block_, stream);
+    }
     // Counts in-place writes (the dispatcher bumps it), so autograd can detect saved tensors that changed.
     uint64_t version() const { return version_; }
     void BumpVersion() { ++version_; }
@@ -36,7 +44,8 @@ private:
     void* data_ = nullptr;
     size_t nbytes_ = 0;
     Device device_;
-    bool owned_ = true;
+    MemoryBlock* block_ = nullptr;  // null for memory owned elsewhere
+    bool pinned_ = false;
     uint64_t version_ = 0;
 };
 
@@ -44,6 +53,8 @@ class Tensor {
 public:
     Tensor() = default;
     static Tensor Empty(const Shape& shape, DataType dtype, Device device);
+    // A cpu tensor in page-locked memory, which copies to and from an accelerator read asynchronously.
+    static Tensor EmptyPinned(const Shape& shape, DataType dtype);
     // A tensor over memory the caller keeps alive (contiguous, numel * dtype size bytes).
     static Tensor FromBlob(void* data, const Shape& shape, DataType dtype, Device device);
 
@@ -65,13 +76,19 @@ public:
 
     // Same storage, new shape (one entry may be -1). Raises on a numel mismatch.
     Tensor Reshape(const Shape& shape) const;
-    // Copy to another device (or the same one); synchronous for the caller.
-    Tensor To(const Device& device) const;
-    // Copies this tensor's bytes into dst (same shape and dtype, any devices); synchronous.
-    void CopyTo(const Tensor& dst) const;
+    bool is_pinned() const { return storage_->pinned(); }
+    // A copy on `device` (the same device too). Copies run on the current stream of the device involved.
+    // non_blocking lets the host go on before the copy finished: to a device from pinned memory, and from a
+    // device into pinned memory (the result is then pinned; synchronise before reading it). Otherwise a copy
+    // to the host has finished on return, and a copy to a device has at least consumed its host source.
+    Tensor To(const Device& device, bool non_blocking = false) const;
+    // Copies this tensor's bytes into dst (same shape and dtype, any devices), as To does.
+    void CopyTo(const Tensor& dst, bool non_blocking = false) const;
     std::string ToString() const;  // "Tensor(float32[2, 3], cpu:0)"
 
 private:
+    static Tensor Allocate(const Shape& shape, DataType dtype, Device device, bool pinned);
+
     std::shared_ptr<Storage> storage_;
     Shape shape_;
     int64_t numel_ = 0;

@@ -7,14 +7,14 @@ import pytest
 
 import infinitrain as it
 from harness import DEVICE, TOL, rng, round_to, to_device
-from infinitrain import _C
+from infinitrain import _C, dispatch
 from infinitrain import functional as F
 
 FUSED = [o["name"] for o in _C.ops() if o["tier"] == "fused"]
 
 
 def test_every_fused_op_has_a_composite():
-    missing = [n for n in FUSED if F.composite(n) is None]
+    missing = [n for n in FUSED if not _C.op(n).info()["composite"]]
     assert not missing, f"fused ops without a composite: {missing}"
 
 
@@ -77,7 +77,7 @@ def test_composite_matches_native(name, dtype):
     native_in = [clone(t) for t in ins]
     native = _C.op(name)(native_in, attrs) or [native_in[i] for i in inplace]
     comp_in = [clone(t) for t in ins]
-    comp = F.composite(name)(comp_in, attrs) or [comp_in[i] for i in inplace]
+    comp = _C.op(name).call_composite(comp_in, attrs) or [comp_in[i] for i in inplace]
     assert len(native) == len(comp)
     rtol, atol = TOL[dtype]
     if dtype == "bfloat16":
@@ -94,18 +94,12 @@ def _both_paths(fn, *arrays):
     """Runs fn natively and with every fused op forced onto its composite; returns (outputs, grads) of each."""
     results = []
     for force in (False, True):
-        saved = dict(F._native_cache)
-        if force:
-            for name in FUSED:
-                F._native_cache[(name, _C.parse_device(DEVICE))] = False
-        try:
+        with dispatch.prefer_composites(FUSED if force else []):
+            assert all(dispatch.how(n, DEVICE) == "composite" for n in FUSED) == force
             ts = [it.from_numpy(a, device=DEVICE, requires_grad=True) for a in arrays]
             out = fn(*ts)
             (out * it.from_numpy(np.linspace(-1, 1, out.numel()).reshape(out.shape), device=DEVICE)).sum().backward()
             results.append((out.numpy(), [t.grad.numpy() for t in ts]))
-        finally:
-            F._native_cache.clear()
-            F._native_cache.update(saved)
     return results
 
 
@@ -145,5 +139,5 @@ def test_cross_entropy_composite_handles_masked_logits():
     logits = np.array([[0.0, 1.0, -np.inf], [2.0, -np.inf, 0.5]])
     ins = [it.from_numpy(logits, device=DEVICE)._t, it.from_numpy(np.array([1, 0]), device=DEVICE)._t]
     native = _C.op("cross_entropy")(ins, [-100])[0].numpy()
-    comp = F.composite("cross_entropy")(ins, [-100])[0].numpy()
+    comp = _C.op("cross_entropy").call_composite(ins, [-100])[0].numpy()
     assert np.isfinite(comp) and comp == pytest.approx(native, rel=1e-12)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness import DEVICE
-from infinitrain import _C, functional
+from infinitrain import _C
 from infinitrain.tools import conformance
 from infinitrain.tools.conformance_specs import SPECS
 
@@ -141,34 +141,31 @@ def test_raising_op_is_an_error_row(monkeypatch):
     assert not rep["summary"]["ok"]
 
 
-@pytest.fixture
-def no_fallback():
-    was = _C.cpu_fallback()
-    _C.set_cpu_fallback(False)
-    yield
-    _C.set_cpu_fallback(was)
+def test_how_classification(monkeypatch):
+    # How each op runs is the dispatcher's answer; here it is replaced to check the report's statuses.
+    hows = {"swiglu": "missing", "add": "missing", "mul": "native"}
+    real = conformance.how_runs
 
+    def fake(name, device, prefer_composite=False):
+        how = hows[name]
+        return how, (None if how == "missing" else _C.op(name))
 
-def test_how_classification(monkeypatch, no_fallback):
-    # Pretend the device has no swiglu/add kernels; the real kernels still compute, only the label changes.
-    monkeypatch.setattr(conformance, "_has_kernel", lambda name, device: name not in ("swiglu", "add"))
-    monkeypatch.setattr(functional, "composite", lambda name: None, raising=False)
+    monkeypatch.setattr(conformance, "how_runs", fake)
     rep = conformance.run(DEVICE, ops=["swiglu", "add", "mul"])
     how = {r["op"]: (r["how"], r["status"]) for r in rep["records"]}
     assert how == {"swiglu": ("missing", "missing"), "add": ("missing", "missing"), "mul": ("native", "pass")}
     assert "0 composite, 0 fallback, 8 missing" in rep["summary"]["line"]
 
-    native = {n: _C.op(n) for n in ("swiglu", "add")}
-    monkeypatch.setattr(functional, "composite", lambda name: native.get(name), raising=False)
+    # A fused op may run as a composite; a required one must be native, right numbers or not.
+    hows.update(swiglu="composite", add="composite")
     rep = conformance.run(DEVICE, ops=["swiglu", "add"])
     how = {r["op"]: (r["how"], r["status"]) for r in rep["records"]}
-    # A fused op may run as a composite; a required one must be native, right numbers or not.
     assert how == {"swiglu": ("composite", "pass"), "add": ("composite", "not-native")}
 
-    monkeypatch.setattr(functional, "composite", lambda name: None, raising=False)
-    _C.set_cpu_fallback(True)
+    hows.update(swiglu="cpu-fallback")
     rep = conformance.run(DEVICE, ops=["swiglu"])
     assert {(r["how"], r["status"]) for r in rep["records"]} == {("cpu-fallback", "pass")}
+    assert real("mul", DEVICE)[0] == "native"
 
 
 def test_seeded_runs_repeat():
@@ -183,9 +180,7 @@ def test_seeded_runs_repeat():
 def test_composites_flag_runs_the_composites():
     fused = sorted(o["name"] for o in _C.ops() if o["tier"] == "fused")
     rep = conformance.run(DEVICE, ops=fused, prefer_composite=True)
-    assert {r["op"] for r in rep["records"] if r["how"] == "composite"} == {
-        n for n in fused if conformance._composite(n)
-    }
+    assert {r["op"] for r in rep["records"] if r["how"] == "composite"} == set(fused)
     # Composites compute bfloat16 in float32, as the kernels do, so every dtype meets the same tolerances.
     bad = [r for r in rep["records"] if r["status"] != "pass"]
     assert not bad, _describe(bad)

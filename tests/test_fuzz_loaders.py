@@ -102,12 +102,12 @@ def load(fmt, path):
         tok.decode(list(range(min(tok.vocab_size, 300))))
         return tok.vocab_size
     if fmt == "checkpoint":
-        from infinitrain import train
+        from infinitrain import runs
 
         tensors, meta = checkpoint.load(path)
         for v in tensors.values():
             np.asarray(v).sum()
-        train.read_checkpoint(path)
+        runs.read_checkpoint(path)
         return len(tensors)
     raise AssertionError(fmt)
 

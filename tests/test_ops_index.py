@@ -190,5 +190,5 @@ def test_gather_scatter_add_bad_input():
         run("scatter_add", [x, to_device(np.zeros((3, 1)), "int64"), to_device(randn(3, 2), "float32")], [1])
     with pytest.raises(ValueError, match="scatter_add: dtype mismatch: float32 and float64"):
         run("scatter_add", [x, to_device(np.zeros((3, 1)), "int64"), to_device(randn(3, 1), "float64")], [1])
-    with pytest.raises(ValueError, match="scatter_add: index must match x outside dim 1"):
+    with pytest.raises(ValueError, match=r"scatter_add: index \[2, 1\] must match x \[3, 4\] outside dim 1"):
         run("scatter_add", [x, to_device(np.zeros((2, 1)), "int64"), to_device(randn(2, 1), "float32")], [1])

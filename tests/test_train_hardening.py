@@ -153,9 +153,9 @@ def test_stale_temporary_files_are_removed_and_damaged_newest_checkpoint_falls_b
 def test_rotation_makes_room_before_writing_when_the_disk_is_short(tmp_path, monkeypatch):
     """keep=2 needed room for 3 checkpoints (write, then delete): on a disk with room for 2 the third save
     failed with ENOSPC. When free space is short the oldest is deleted first (never the newest)."""
-    from infinitrain import train
+    from infinitrain import runs
 
-    d = train.CheckpointDir(str(tmp_path), keep=2)
+    d = runs.CheckpointDir(str(tmp_path), keep=2)
     tensors = {"w": np.zeros(1 << 16, np.float32)}
     d.save(1, tensors, {"step": 1})
     d.save(2, tensors, {"step": 2})
@@ -176,7 +176,7 @@ def test_rotation_makes_room_before_writing_when_the_disk_is_short(tmp_path, mon
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(checkpoint, "save", full)
-    with pytest.raises(train.TrainError, match="No space left on device.*newest intact checkpoint is .*ckpt_00000003"):
+    with pytest.raises(runs.TrainError, match="No space left on device.*newest intact checkpoint is .*ckpt_00000003"):
         d.save(4, tensors, {"step": 4})
     d.close()
 

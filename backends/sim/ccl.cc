@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "backends/sim/sim.h"
+#include "infinitrain/dtype_dispatch.h"
 #include "infinitrain/provider.h"
 
 namespace infinitrain::sim {
@@ -140,61 +141,47 @@ struct Arith {
     }
 };
 
-struct F32 {
-    using T = float;
-    using Acc = float;
-    static Acc Load(T v) { return v; }
-    static T Store(Acc v) { return v; }
-};
-struct F64 {
-    using T = double;
-    using Acc = double;
-    static Acc Load(T v) { return v; }
-    static T Store(Acc v) { return v; }
-};
-struct BF16 {
-    using T = uint16_t;
-    using Acc = float;
-    static Acc Load(T v) { return BF16ToFloat(v); }
-    static T Store(Acc v) { return FloatToBF16(v); }
-};
-struct F16 {
-    using T = uint16_t;
-    using Acc = float;
-    static Acc Load(T v) { return HalfToFloat(v); }
-    static T Store(Acc v) { return FloatToHalf(v); }
-};
-struct I32 {
-    using T = int32_t;
-    using Acc = int64_t;  // wide enough that avg sees the true sum
-    static Acc Load(T v) { return v; }
-    static T Store(Acc v) { return static_cast<T>(static_cast<uint32_t>(static_cast<uint64_t>(v))); }
-};
-struct I64 {
-    using T = int64_t;
-    using Acc = int64_t;
-    static Acc Load(T v) { return v; }
-    static T Store(Acc v) { return v; }
+// Integers accumulate in int64 (so avg sees the true sum of int32s); floats as the host kernels do.
+template <typename T>
+struct AccOf {
+    using type = std::conditional_t<std::is_integral_v<T>, int64_t, Acc<T>>;
 };
 
+template <typename T>
+typename AccOf<T>::type LoadAcc(const T* p) {
+    if constexpr (std::is_integral_v<T>) {
+        return *p;
+    } else {
+        return Load(p);
+    }
+}
+
+template <typename T, typename A>
+void StoreAcc(T* p, A v) {
+    if constexpr (std::is_integral_v<T>) {
+        *p = static_cast<T>(static_cast<std::make_unsigned_t<T>>(static_cast<uint64_t>(v)));  // wraps
+    } else {
+        Store(p, v);
+    }
+}
+
 // out[i] = op over r of ins[r][i], i < n. out may not alias any input.
-template <typename D>
+template <typename T>
 void ReduceTyped(void* out, const std::vector<const void*>& ins, size_t n, ReduceOp op) {
-    using T = typename D::T;
-    using Acc = typename D::Acc;
-    std::vector<Acc> acc(n);
+    using A = typename AccOf<T>::type;
+    std::vector<A> acc(n);
     const T* first = static_cast<const T*>(ins[0]);
-    for (size_t i = 0; i < n; ++i) acc[i] = D::Load(first[i]);
+    for (size_t i = 0; i < n; ++i) acc[i] = LoadAcc(first + i);
     for (size_t r = 1; r < ins.size(); ++r) {
         const T* in = static_cast<const T*>(ins[r]);
-        for (size_t i = 0; i < n; ++i) acc[i] = Arith<T, Acc>::Combine(acc[i], D::Load(in[i]), op);
+        for (size_t i = 0; i < n; ++i) acc[i] = Arith<T, A>::Combine(acc[i], LoadAcc(in + i), op);
     }
     if (op == ReduceOp::kAvg) {
-        Acc k = static_cast<Acc>(ins.size());
+        A k = static_cast<A>(ins.size());
         for (size_t i = 0; i < n; ++i) acc[i] /= k;  // integers truncate toward zero
     }
     T* o = static_cast<T*>(out);
-    for (size_t i = 0; i < n; ++i) o[i] = D::Store(acc[i]);
+    for (size_t i = 0; i < n; ++i) StoreAcc(o + i, acc[i]);
 }
 
 bool CanReduce(DataType t) {
@@ -212,23 +199,8 @@ bool CanReduce(DataType t) {
 }
 
 void Reduce(void* out, const std::vector<const void*>& ins, size_t n, DataType t, ReduceOp op) {
-    switch (t) {
-        case DataType::kFloat32:
-            return ReduceTyped<F32>(out, ins, n, op);
-        case DataType::kFloat64:
-            return ReduceTyped<F64>(out, ins, n, op);
-        case DataType::kBFloat16:
-            return ReduceTyped<BF16>(out, ins, n, op);
-        case DataType::kFloat16:
-            return ReduceTyped<F16>(out, ins, n, op);
-        case DataType::kInt32:
-            return ReduceTyped<I32>(out, ins, n, op);
-        case DataType::kInt64:
-            return ReduceTyped<I64>(out, ins, n, op);
-        default:
-            break;
-    }
-    throw std::logic_error("sim CCL: unchecked reduction dtype");
+    dispatch::DispatchNumeric(t, "sim CCL reduction",
+                              [&](auto tag) { ReduceTyped<typename decltype(tag)::type>(out, ins, n, op); });
 }
 
 // ---------------------------------------------------------------- groups
@@ -415,37 +387,39 @@ public:
     int size() const override { return g_->size; }
     Device device() const override { return g_->devices[rank_]; }
 
-    void AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, Stream stream) override {
+    void AllReduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                   const Stream& stream) override {
         Collective(Kind::kAllReduce, send, count, recv, count, count, dtype, op, 0, stream);
     }
-    void Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root, Stream stream) override {
+    void Broadcast(const void* send, void* recv, size_t count, DataType dtype, int root,
+                   const Stream& stream) override {
         CheckRank(root, "root");
         // Only the root's send buffer is read.
         Collective(Kind::kBroadcast, send, rank_ == root ? count : 0, recv, count, count, dtype, ReduceOp::kSum, root,
                    stream);
     }
     void Reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op, int root,
-                Stream stream) override {
+                const Stream& stream) override {
         CheckRank(root, "root");
         // Only the root's receive buffer is written.
         Collective(Kind::kReduce, send, count, recv, rank_ == root ? count : 0, count, dtype, op, root, stream);
     }
-    void AllGather(const void* send, void* recv, size_t count, DataType dtype, Stream stream) override {
+    void AllGather(const void* send, void* recv, size_t count, DataType dtype, const Stream& stream) override {
         Collective(Kind::kAllGather, send, count, recv, count * g_->size, count, dtype, ReduceOp::kSum, 0, stream);
     }
     void ReduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
-                       Stream stream) override {
+                       const Stream& stream) override {
         Collective(Kind::kReduceScatter, send, count * g_->size, recv, count, count, dtype, op, 0, stream);
     }
 
-    void Send(const void* buf, size_t count, DataType dtype, int peer, Stream stream) override {
+    void Send(const void* buf, size_t count, DataType dtype, int peer, const Stream& stream) override {
         CheckRank(peer, "peer");
         const size_t bytes = count * DataTypeSize(dtype);
         const uint8_t* src = static_cast<const uint8_t*>(View(buf, bytes));
         uint64_t seq = Next(send_seq_, peer);
         std::shared_ptr<Group> g = g_;
         int me = rank_;
-        Enqueue(device().index, stream, [g, me, peer, seq, src, count, dtype, bytes] {
+        Enqueue(stream, [g, me, peer, seq, src, count, dtype, bytes] {
             Message m{count, dtype, std::vector<uint8_t>(src, src + bytes)};
             std::lock_guard<std::mutex> lock(g->mu);
             g->mail[{me, peer}].emplace(seq, std::move(m));
@@ -453,14 +427,14 @@ public:
         });
     }
 
-    void Recv(void* buf, size_t count, DataType dtype, int peer, Stream stream) override {
+    void Recv(void* buf, size_t count, DataType dtype, int peer, const Stream& stream) override {
         CheckRank(peer, "peer");
         const size_t bytes = count * DataTypeSize(dtype);
         uint8_t* dst = static_cast<uint8_t*>(View(buf, bytes));
         uint64_t seq = Next(recv_seq_, peer);
         std::shared_ptr<Group> g = g_;
         int me = rank_;
-        Enqueue(device().index, stream, [g, me, peer, seq, dst, count, dtype, bytes] {
+        Enqueue(stream, [g, me, peer, seq, dst, count, dtype, bytes] {
             const std::string what = "sim CCL: recv #" + std::to_string(seq) + " on rank " + std::to_string(me) +
                                      " from rank " + std::to_string(peer);
             std::unique_lock<std::mutex> lock(g->mu);
@@ -504,7 +478,7 @@ private:
 
     // send_count/recv_count: elements of each buffer this rank touches (0: unused, may be null).
     void Collective(Kind kind, const void* send, size_t send_count, void* recv, size_t recv_count, size_t count,
-                    DataType dtype, ReduceOp op, int root, Stream stream) {
+                    DataType dtype, ReduceOp op, int root, const Stream& stream) {
         if (Reduces(kind) && !CanReduce(dtype)) {
             throw std::invalid_argument(std::string("sim CCL: ") + KindName(kind) + " cannot reduce " +
                                         DataTypeName(dtype) +
@@ -525,7 +499,7 @@ private:
         }
         std::shared_ptr<Group> g = g_;
         int me = rank_;
-        Enqueue(device().index, stream, [g, me, seq, call] { RunCollective(*g, me, seq, call); });
+        Enqueue(stream, [g, me, seq, call] { RunCollective(*g, me, seq, call); });
     }
 
     std::shared_ptr<Group> g_;
@@ -538,7 +512,7 @@ private:
 
 // ---------------------------------------------------------------- backend
 
-void CheckDevice(const Device& d) {
+void CheckSimDevice(const Device& d) {
     if (d.type != DeviceType::kPrivateUse1) {
         throw std::invalid_argument("sim CCL: expected a sim device, got " + d.ToString());
     }
@@ -578,7 +552,7 @@ public:
             throw std::invalid_argument("sim CCL: need 0 <= rank < nranks, got rank " + std::to_string(rank) + " of " +
                                         std::to_string(nranks));
         }
-        CheckDevice(device);
+        CheckSimDevice(device);
         const double timeout_s = TimeoutSeconds();
         std::unique_lock<std::mutex> lock(mu_);
         auto it = pending_.find(id);
@@ -627,7 +601,7 @@ public:
 
     std::vector<std::unique_ptr<Communicator>> InitAll(const std::vector<Device>& devices) override {
         if (devices.empty()) throw std::invalid_argument("sim CCL: InitAll needs at least one device");
-        for (const Device& d : devices) CheckDevice(d);
+        for (const Device& d : devices) CheckSimDevice(d);
         CheckDistinct(devices, std::vector<bool>(devices.size(), true));
         auto g = std::make_shared<Group>(devices, TimeoutSeconds());
         std::vector<std::unique_ptr<Communicator>> comms;

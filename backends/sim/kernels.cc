@@ -1,5 +1,8 @@
 // The sim's kernels: every op's CPU kernel, run on a sim stream over host
-// views of device memory. One generic kernel is registered for every op,
+// views of device memory. The closure holds only those views, not the tensors:
+// like a GPU kernel it relies on the core allocator's stream-ordered reuse to
+// keep its memory from being handed out while it runs. One generic kernel is
+// registered for every op,
 // except those named in INFINITRAIN_SIM_SKIP_OPS (comma-separated, read when
 // this library loads), so tests can reach the composite and CPU-fallback paths.
 #include <cstdlib>
@@ -28,16 +31,13 @@ void SimKernel(KernelContext& ctx) {
     if (!cpu) {
         throw MissingKernelError("op '" + std::string(op->name()) + "' has no CPU kernel for the sim to run");
     }
-    // Copies of the tensors keep their storage alive until the work has run.
-    std::vector<Tensor> in = ctx.in;
-    std::vector<Tensor> out = ctx.out;
-    Enqueue(ctx.device.index, ctx.stream, [op, cpu, in = std::move(in), out = std::move(out), attrs = ctx.attrs] {
-        std::vector<Tensor> hin, hout;
-        hin.reserve(in.size());
-        hout.reserve(out.size());
-        for (const Tensor& t : in) hin.push_back(HostTensor(t));
-        for (const Tensor& t : out) hout.push_back(HostTensor(t));
-        KernelContext host{hin, hout, attrs, Device{}, nullptr, op};
+    std::vector<Tensor> hin, hout;
+    hin.reserve(ctx.in.size());
+    hout.reserve(ctx.out.size());
+    for (const Tensor& t : ctx.in) hin.push_back(HostTensor(t));
+    for (const Tensor& t : ctx.out) hout.push_back(HostTensor(t));
+    Enqueue(ctx.stream, [op, cpu, hin = std::move(hin), hout = std::move(hout), attrs = ctx.attrs]() mutable {
+        KernelContext host{hin, hout, attrs, Device{}, Stream(), op};
         cpu(host);
     });
 }

@@ -13,8 +13,7 @@ PYBIND11_MODULE(infinitrain_sim, m) {
     m.def(
         "register_backend",
         [] {
-            infinitrain::RegisterProvider(
-                {infinitrain::sim::kName, infinitrain::DataType::kBFloat16, {"ccl", "cpu_fallback"}});
+            infinitrain::RegisterProvider({infinitrain::sim::kName, infinitrain::DataType::kBFloat16});
         },
         "Claims the PrivateUse1 slot for 'sim' (idempotent).");
     m.def(

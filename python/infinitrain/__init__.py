@@ -6,10 +6,14 @@ x = it.randn(4, 8, requires_grad=True)
 """
 
 from infinitrain import _C  # noqa: F401, I001  (the native core loads first)
-from infinitrain import amp, backends, checkpoint, data, distributed, functional, models, nn, optim, random, runtime
+from infinitrain import tensor_methods  # noqa: F401  (attaches Tensor's op methods)
+from infinitrain import composites  # noqa: F401  (registers the fused ops' composites)
+from infinitrain import amp, backends, checkpoint, data, distributed, functional, models, nn, ops, optim, random
+from infinitrain import runtime
 from infinitrain.autograd import enable_grad, is_grad_enabled, no_grad
 from infinitrain.functional import cat, stack, where
 from infinitrain.random import Generator, manual_seed
+from infinitrain.runtime import OutOfMemoryError
 from infinitrain.tensor import (
     DTYPES,
     Tensor,
@@ -34,6 +38,7 @@ float16, bfloat16, float32, float64 = "float16", "bfloat16", "float32", "float64
 __all__ = [
     "DTYPES",
     "Generator",
+    "OutOfMemoryError",
     "Tensor",
     "amp",
     "backends",
@@ -56,6 +61,7 @@ __all__ = [
     "no_grad",
     "ones",
     "ones_like",
+    "ops",
     "optim",
     "rand",
     "randn",

@@ -78,14 +78,12 @@ def _toposort(root):
 
 
 def backward(root, grad=None, retain_graph=False):
-    from infinitrain.tensor import ones_like
-
     if not root.requires_grad:
         raise RuntimeError("backward(): the tensor does not require grad (did you call it under no_grad?)")
     if grad is None:
         if root.numel() != 1:
             raise RuntimeError(f"backward(): grad can be omitted only for a single-element tensor, got {root.shape}")
-        grad = ones_like(root)
+        grad = root.new_ones(root.shape)
     elif grad.shape != root.shape or grad.dtype != root.dtype or grad.device != root.device:
         raise ValueError(
             f"backward(): grad is {grad.dtype}{list(grad.shape)} on {grad.device}, "

@@ -20,8 +20,18 @@ def available():
 
 
 def registered():
-    """The registered provider: {'name', 'autocast_dtype', 'capabilities'}, or None."""
+    """The registered provider: {'name', 'autocast_dtype'}, or None."""
     return _C.privateuse1()
+
+
+def set_cpu_fallback(name, on=True):
+    """Lets provider `name` run ops it has no kernel and no composite for on the CPU (copying inputs to
+    the host and outputs back, warning once per op): a bring-up aid, off by default."""
+    _C.set_cpu_fallback(name, bool(on))
+
+
+def cpu_fallback(name):
+    return _C.cpu_fallback(name)
 
 
 def register(name):

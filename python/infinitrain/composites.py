@@ -1,17 +1,16 @@
 """Composite definitions of the fused ops in terms of required ops.
 
-A provider without its own kernel for a fused op runs these instead; they are
-differentiable through the required ops' autograd. `op_composite(name)` also
-gives each fused op (backward ops included, derived by autograd of the forward
-composite) at the dispatcher level: native tensors and attributes in, native
-tensors out, as the conformance report runs them.
+Each is registered with the dispatcher when the package loads: a device
+without its own kernel for a fused op runs its composite (native tensors and
+attributes in, native tensors out). Backward ops without an explicit
+definition are derived by autograd of the forward composite.
 """
 
 import math
 
 import numpy as np
 
-from infinitrain import autograd
+from infinitrain import amp, autograd, dispatch
 from infinitrain import functional as F
 from infinitrain.tensor import Tensor, from_numpy
 
@@ -180,61 +179,66 @@ _FORWARD = {
     "cross_entropy": lambda ins, a: list(cross_entropy(ins[0], ins[1], a[0])),
 }
 
-# backward op -> (forward op, positions of the forward's inputs in the backward's inputs, grad position,
-#                 forward inputs that get gradients)
-_BACKWARD = {
-    "silu_backward": ("silu", [0], 1, [0]),
-    "gelu_tanh_backward": ("gelu_tanh", [0], 1, [0]),
-    "swiglu_backward": ("swiglu", [0, 1], 2, [0, 1]),
-}
-
 
 def _wrap(ts):
     return [Tensor(t) for t in ts]
 
 
-def op_composite(name):
-    """The composite of fused op `name` at the dispatcher level, or None when it has none."""
-    if name == "adamw_":
+# Composites run as the kernels do: without autocast (they choose their own precision) and without
+# recording a graph (the dispatcher's caller records one for the op).
 
-        def run(ins, attrs):
-            adamw_(*_wrap(ins), *attrs)
-            return []
 
-        return run
-    explicit = {
-        "rmsnorm_backward": rmsnorm_backward,
-        "sdpa_backward": sdpa_backward,
-        "cross_entropy_backward": cross_entropy_backward,
+def _forward(fn):
+    def run(ins, attrs):
+        with autograd.no_grad(), amp.autocast(enabled=False):
+            return [t._t for t in fn(_wrap(ins), attrs)]
+
+    return run
+
+
+def _explicit(fn):
+    def run(ins, attrs):
+        with autograd.no_grad(), amp.autocast(enabled=False):
+            return [t._t for t in fn(*_wrap(ins), *attrs)]
+
+    return run
+
+
+def _derived(forward, positions, grad_pos, wrt):
+    """A backward op from autograd of the forward composite: positions of the forward's inputs in the
+    backward's inputs, the position of the incoming gradient, the forward inputs that get gradients."""
+    fn = _FORWARD[forward]
+
+    def run(ins, attrs):
+        ins = _wrap(ins)
+        fwd_in = [ins[p] for p in positions]
+        fwd_in = [t.detach().requires_grad_() if i in wrt else t for i, t in enumerate(fwd_in)]
+        with autograd.enable_grad(), amp.autocast(enabled=False):
+            outs = fn(fwd_in, attrs)
+            outs[0].backward(ins[grad_pos])
+        return [fwd_in[i].grad._t for i in wrt]
+
+    return run
+
+
+def _adamw(ins, attrs):
+    with amp.autocast(enabled=False):
+        adamw_(*_wrap(ins), *attrs)
+    return []
+
+
+COMPOSITES = {name: _forward(fn) for name, fn in _FORWARD.items()}
+COMPOSITES.update(
+    {
+        "silu_backward": _derived("silu", [0], 1, [0]),
+        "gelu_tanh_backward": _derived("gelu_tanh", [0], 1, [0]),
+        "swiglu_backward": _derived("swiglu", [0, 1], 2, [0, 1]),
+        "rmsnorm_backward": _explicit(rmsnorm_backward),
+        "sdpa_backward": _explicit(sdpa_backward),
+        "cross_entropy_backward": _explicit(cross_entropy_backward),
+        "adamw_": _adamw,
     }
-    if name in explicit:
-        fn = explicit[name]
+)
 
-        def run(ins, attrs):
-            with autograd.no_grad():
-                return [t._t for t in fn(*_wrap(ins), *attrs)]
-
-        return run
-    if name in _FORWARD:
-        fn = _FORWARD[name]
-
-        def run(ins, attrs):
-            with autograd.no_grad():
-                return [t._t for t in fn(_wrap(ins), attrs)]
-
-        return run
-    if name in _BACKWARD:
-        fwd, positions, grad_pos, wrt = _BACKWARD[name]
-        fn = _FORWARD[fwd]
-
-        def run(ins, attrs):
-            ins = _wrap(ins)
-            fwd_in = [ins[p] for p in positions]
-            fwd_in = [t.detach().requires_grad_() if i in wrt else t for i, t in enumerate(fwd_in)]
-            with autograd.enable_grad():
-                outs = fn(fwd_in, attrs)
-                outs[0].backward(ins[grad_pos])
-            return [fwd_in[i].grad._t for i in wrt]
-
-        return run
-    return None
+for _name, _fn in COMPOSITES.items():
+    dispatch.set_composite(_name, _fn)

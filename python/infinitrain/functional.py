@@ -1,5 +1,7 @@
-"""Differentiable ops: each runs its kernel through the dispatcher and, when a
+"""Differentiable ops: each runs its op through the dispatcher and, when a
 gradient is needed, records how to map the output gradient back to inputs.
+Fused ops (silu, rms_norm, attention, ...) are called like any other: the
+dispatcher runs the device's kernel or the op's composite.
 
 This is the per-op hot path: it does one dispatcher call, one Tensor
 construction and, only when recording, one closure.
@@ -8,67 +10,17 @@ construction and, only when recording, one closure.
 import builtins
 import math
 
-from infinitrain import _C, amp, autograd
+from infinitrain import amp, dispatch
 from infinitrain import random as _random
-from infinitrain.tensor import Tensor, tensor
+from infinitrain.dispatch import needs_grad as _needs_grad
+from infinitrain.dispatch import record as _record
+from infinitrain.tensor import Tensor, tensor, zeros
 
-_ops = {}
-
-
-def _op(name):
-    op = _ops.get(name)
-    if op is None:
-        op = _ops[name] = _C.op(name)
-    return op
-
-
-def _call(name, inputs, attrs=()):
-    return _op(name)([t._t for t in inputs], list(attrs))
+_call = dispatch.call
 
 
 def _run1(name, inputs, attrs=()):
-    return Tensor(_call(name, inputs, attrs)[0])
-
-
-_native_cache = {}
-
-
-def _native(name, device, backward=None):
-    """Whether `device` runs fused op `name` (and its backward) natively; otherwise the composite runs."""
-    key = (name, device)
-    r = _native_cache.get(key)
-    if r is None:
-        r = _native_cache[key] = _op(name).has_kernel(device) and (backward is None or _op(backward).has_kernel(device))
-    return r
-
-
-def composite(name):
-    """The dispatcher-level composite of fused op `name` (see infinitrain.composites), or None."""
-    from infinitrain import composites
-
-    return composites.op_composite(name)
-
-
-def _composites():
-    from infinitrain import composites
-
-    return composites
-
-
-def _needs_grad(*ts):
-    if not autograd.is_grad_enabled():
-        return False
-    for t in ts:
-        if t is not None and t.requires_grad:
-            return True
-    return False
-
-
-def _record(out, inputs, backward, name, saved=()):
-    """Makes `out` a graph node; `saved` lists the tensors whose values backward reads."""
-    out.requires_grad = True
-    out._node = autograd.Node(backward, inputs, name, tuple((t._t, t._t.version) for t in saved))
-    return out
+    return Tensor(dispatch.op(name)([t._t for t in inputs], list(attrs))[0])
 
 
 def _as_tensor(x, like):
@@ -77,19 +29,12 @@ def _as_tensor(x, like):
     return tensor(x, dtype=like.dtype, device=like.device)
 
 
-_FLOAT_RANK = {"bfloat16": 0, "float16": 0, "float32": 1, "float64": 2}
-
-
 def _promote(a, b):
     """Mixed float dtypes meet at the wider one (autocast produces such pairs)."""
     if a.dtype == b.dtype:
         return a, b
-    ra, rb = _FLOAT_RANK.get(a.dtype), _FLOAT_RANK.get(b.dtype)
-    if ra is None or rb is None:
-        raise ValueError(f"dtype mismatch: {a.dtype} and {b.dtype} (cast one with .to(dtype))")
-    if ra == rb:  # bfloat16 with float16: neither holds the other
-        return cast(a, "float32"), cast(b, "float32")
-    return (cast(a, b.dtype), b) if ra < rb else (a, cast(b, a.dtype))
+    d = dispatch.promoted_dtype(a.dtype, b.dtype)
+    return (a if a.dtype == d else cast(a, d)), (b if b.dtype == d else cast(b, d))
 
 
 def sum_to(g, shape):
@@ -120,8 +65,8 @@ def clone(x):
     return out
 
 
-def to_device(x, device):
-    out = Tensor(x._t.to(device))
+def to_device(x, device, non_blocking=False):
+    out = Tensor(x._t.to(device, non_blocking))
     if _needs_grad(x):
         src = x.device
         _record(out, (x,), lambda g: (to_device(g, src),), "to_device")
@@ -155,9 +100,7 @@ def transpose(x, a, b):
 def expand(x, shape):
     """Materialised broadcast of x to shape (-1 keeps a dimension)."""
     shape = tuple(x.shape[i - (len(shape) - x.ndim)] if s == -1 else s for i, s in enumerate(shape))
-    zeros = Tensor(_C.empty(list(shape), x.dtype, x.device))
-    _call("fill_", [zeros], [0.0])
-    return add(zeros, x)
+    return add(zeros(shape, dtype=x.dtype, device=x.device), x)
 
 
 def slice(x, dim, start, end, step=1):
@@ -311,16 +254,12 @@ def relu(x):
 
 
 def silu(x):
-    if not _native("silu", x.device, "silu_backward"):
-        return _composites().silu(x)
     return _unary("silu", x, lambda g, out: _run1("silu_backward", [x.detach(), g]))
 
 
 def gelu(x, approximate="tanh"):
     if approximate != "tanh":
         raise ValueError(f"gelu: only approximate='tanh' is implemented, got {approximate!r}")
-    if not _native("gelu_tanh", x.device, "gelu_tanh_backward"):
-        return _composites().gelu_tanh(x)
     return _unary("gelu_tanh", x, lambda g, out: _run1("gelu_tanh_backward", [x.detach(), g]))
 
 
@@ -420,7 +359,7 @@ def minimum(a, b):
 
 def compare(name, a, b):
     if not isinstance(b, Tensor):
-        if isinstance(b, float) and a.dtype not in _FLOAT_RANK:
+        if isinstance(b, float) and not dispatch.is_float(a.dtype):
             a = cast(a, "float64")  # an int tensor against a float scalar compares as floats
         b = _as_tensor(b, a)
     if a.dtype != b.dtype:
@@ -620,8 +559,7 @@ def gather(x, dim, index):
     if _needs_grad(x):
 
         def backward(g):
-            z = Tensor(_C.empty(list(x.shape), g.dtype, g.device))
-            _call("fill_", [z], [0.0])
+            z = zeros(x.shape, dtype=g.dtype, device=g.device)
             return (_run1("scatter_add", [z, index, g], [dim]),)
 
         _record(out, (x,), backward, "gather", (index,))
@@ -672,8 +610,6 @@ def layer_norm(x, weight, bias, eps=1e-5):
 def rms_norm(x, weight, eps=1e-5):
     if weight.dtype != x.dtype:
         weight = cast(weight, x.dtype)
-    if not _native("rmsnorm", x.device, "rmsnorm_backward"):
-        return _composites().rmsnorm(x, weight, float(eps))[0]
     out, rstd = _call("rmsnorm", [x, weight], [float(eps)])
     out = Tensor(out)
     if _needs_grad(x, weight):
@@ -690,8 +626,6 @@ def swiglu(gate, up):
     """silu(gate) * up."""
     if gate.dtype != up.dtype:
         gate, up = _promote(gate, up)
-    if not _native("swiglu", gate.device, "swiglu_backward"):
-        return _composites().swiglu(gate, up)
     out = _run1("swiglu", [gate, up])
     if _needs_grad(gate, up):
 
@@ -716,8 +650,6 @@ def dropout(x, p=0.5, training=True, generator=None):
 
 def rope(x, cos, sin):
     """Rotates interleaved pairs of x [B, T, H, D] by the angles whose cos/sin [T, D/2] are given."""
-    if not _native("rope", x.device):
-        return _composites().rope(x, cos, sin)
     out = _run1("rope", [x, cos, sin], [0])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (_run1("rope", [g, cos, sin], [1]),), "rope")
@@ -728,8 +660,6 @@ def scaled_dot_product_attention(q, k, v, is_causal=True, scale=None):
     """q [B, Hq, T, D], k, v [B, Hkv, S, D] with Hq a multiple of Hkv (grouped-query heads)."""
     q, k, v = _autocast(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if not _native("sdpa", q.device, "sdpa_backward"):
-        return _composites().sdpa(q, k, v, bool(is_causal), scale)[0]
     out, lse = _call("sdpa", [q, k, v], [int(is_causal), scale])
     out = Tensor(out)
     if _needs_grad(q, k, v):
@@ -748,8 +678,6 @@ def cross_entropy(logits, target, ignore_index=-100):
     if logits.ndim != 2:
         logits = logits.reshape(-1, logits.shape[-1])
         target = target.reshape(-1)
-    if not _native("cross_entropy", logits.device, "cross_entropy_backward"):
-        return _composites().cross_entropy(logits, target, ignore_index)[0]
     loss, lse = _call("cross_entropy", [logits, target], [ignore_index])
     loss = Tensor(loss)
     if _needs_grad(logits):

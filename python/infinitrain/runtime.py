@@ -1,5 +1,12 @@
-"""One runtime accessor for every device type: counts, synchronisation,
-streams, events and memory statistics. Devices are strings: "cpu", "sim:1"."""
+"""One runtime accessor for every device type: devices, synchronisation,
+streams, events and memory statistics. Devices are strings: "cpu", "sim:1".
+
+Kernels run on the calling thread's current stream of their device. Streams
+come from a per-device pool (up to 32, handed out in turn) and live for the
+process, like PyTorch's. Memory comes from the core's caching allocator: a
+freed block is reused at once on its own stream, and waits for other streams
+that used it (the dispatcher records such use).
+"""
 
 import contextlib
 
@@ -7,6 +14,12 @@ from infinitrain import _C
 
 Stream = _C.Stream
 Event = _C.Event
+OutOfMemoryError = _C.OutOfMemoryError
+
+
+def parse_device(device):
+    """The canonical name of a device ("sim" -> "sim:0"); registers a provider on first use of its name."""
+    return _C.parse_device(device)
 
 
 def device_count(device_type):
@@ -14,8 +27,17 @@ def device_count(device_type):
     return _C.device_count(device_type)
 
 
+def current_device(device_type):
+    """The calling thread's current device of a type (kernels launch there)."""
+    return _C.current_device(device_type)
+
+
+def set_device(device):
+    _C.set_device(device)
+
+
 def synchronize(device="cpu"):
-    """Waits for all work on the device (all its streams)."""
+    """Waits for all work on the device (all its streams); raises the device's pending asynchronous error."""
     _C.synchronize(device)
 
 
@@ -39,7 +61,9 @@ def stream(s):
 
 
 def memory_stats(device):
-    """{'allocated', 'reserved', 'peak_allocated', 'num_allocs'} in bytes (num_allocs: a count)."""
+    """The device's caching allocator, in bytes: allocated, reserved (held from the device), cached (free
+    blocks ready for reuse), pending (freed blocks waiting for other streams), peak_allocated,
+    peak_reserved; and the counts num_allocs and num_ooms."""
     return _C.memory_stats(device)
 
 
@@ -55,7 +79,6 @@ def reset_peak_memory_stats(device):
     _C.reset_peak_memory(device)
 
 
-def parse_device(device):
-    """The canonical name of a device string ("sim" -> "sim:0"); registers its provider on first use.
-    Raises ValueError for an unknown device type or index."""
-    return _C.parse_device(device)
+def empty_cache(device):
+    """Returns the device's unused cached memory to the device."""
+    _C.empty_cache(device)

@@ -1,5 +1,5 @@
-// Shared helpers for CPU kernels: dtype dispatch, load/store with float
-// accumulation for bfloat16, and a parallel-for that stays serial for small work.
+// Shared helpers for CPU kernels: dtype dispatch on the host types (from
+// infinitrain/dtype_dispatch.h), and a parallel-for that stays serial for small work.
 #pragma once
 
 #include <omp.h>
@@ -9,51 +9,20 @@
 #include <type_traits>
 
 #include "infinitrain/dtype.h"
+#include "infinitrain/dtype_dispatch.h"
 #include "infinitrain/kernels/cpu/parallel.h"
 #include "infinitrain/op.h"
 
 namespace infinitrain::cpu {
 
-// Arithmetic type for a storage type: float for float32, bfloat16 and float16, double for float64.
-template <typename T>
-struct AccT {
-    using type = float;
-};
-template <>
-struct AccT<double> {
-    using type = double;
-};
-template <typename T>
-using Acc = typename AccT<T>::type;
+using ::infinitrain::Acc;
+using ::infinitrain::Load;
+using ::infinitrain::Store;
 
-inline float Load(const float* p) { return *p; }
-inline double Load(const double* p) { return *p; }
-inline float Load(const bf16* p) { return BF16ToFloat(p->bits); }
-inline float Load(const f16* p) { return HalfToFloat(p->bits); }
-inline void Store(float* p, float v) { *p = v; }
-inline void Store(double* p, double v) { *p = v; }
-inline void Store(bf16* p, float v) { p->bits = FloatToBF16(v); }
-inline void Store(f16* p, float v) { p->bits = FloatToHalf(v); }
-
-// Calls f(T{}) with T = float, double, bf16 or f16 to match `t`; other dtypes raise.
+// Calls f(T{}) with T = float, double, bf16 or f16 to match `t`; other dtypes raise naming the op.
 template <typename F>
 void DispatchFloat(DataType t, const char* op, F&& f) {
-    switch (t) {
-        case DataType::kFloat32:
-            f(float{});
-            return;
-        case DataType::kFloat64:
-            f(double{});
-            return;
-        case DataType::kBFloat16:
-            f(bf16{});
-            return;
-        case DataType::kFloat16:
-            f(f16{});
-            return;
-        default:
-            OpError(op, std::string("cpu kernel has no ") + DataTypeName(t) + " variant");
-    }
+    dispatch::DispatchFloat(t, op, [&](auto tag) { f(typename decltype(tag)::type{}); });
 }
 
 // Runs fn(begin, end) over [0, n) in chunks across threads when n * cost is large enough to pay for it.

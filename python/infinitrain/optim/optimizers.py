@@ -3,7 +3,7 @@
 import math
 import numbers
 
-from infinitrain import _C, autograd, composites
+from infinitrain import autograd, dispatch
 from infinitrain import functional as F
 from infinitrain.tensor import Tensor, zeros
 
@@ -90,9 +90,9 @@ class SGD(Optimizer):
                     self.buffers[i] = g.clone()
                 else:
                     b = self.buffers[i]
-                    _C.op("copy_")([b._t, (b * self.momentum + g)._t], [])
+                    dispatch.call("copy_", [b, b * self.momentum + g])
                 g = self.buffers[i]
-            _C.op("axpy_")([p._t, g._t], [-self.lr])
+            dispatch.call("axpy_", [p, g], [-self.lr])
 
     def _state_tensors_live(self, wanted=None):
         for name in wanted or ():
@@ -120,7 +120,6 @@ class AdamW(Optimizer):
         stat = lambda p: "float64" if p.dtype == "float64" else "float32"  # noqa: E731
         self.m = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
         self.v = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
-        self._adamw = _C.op("adamw_")
 
     @autograd.no_grad()
     def step(self):
@@ -131,10 +130,7 @@ class AdamW(Optimizer):
             if p.grad is None:
                 continue
             g = p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype)
-            if F._native("adamw_", p.device):
-                self._adamw([p._t, g._t, m._t, v._t], attrs)
-            else:
-                composites.adamw_(p, g, m, v, *attrs)
+            dispatch.call("adamw_", [p, g, m, v], attrs)
 
     def _state_tensors_live(self, wanted=None):
         out = {}
@@ -152,7 +148,7 @@ def clip_grad_norm_(params, max_norm):
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
-    sq = [Tensor(_C.op("sum_squares")([g._t], [])[0]) for g in grads]
+    sq = [Tensor(dispatch.call("sum_squares", [g])[0]) for g in grads]
     total = sq[0]
     for s in sq[1:]:
         total = total + s

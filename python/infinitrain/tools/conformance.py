@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 from absl import app, flags
 
-from infinitrain import _C, functional
+from infinitrain import _C, dispatch
 from infinitrain.tools import conformance_specs
 from infinitrain.tools.conformance_specs import FLOATS, round_to
 
@@ -33,30 +33,17 @@ HOWS = ("native", "composite", "cpu-fallback", "missing")
 _DTYPE_IDS = {d: i for i, d in enumerate(FLOATS + ("int64", "bool", "int32", "uint8", "int8", "float16"))}
 
 
-def _has_kernel(name, device):
-    return _C.op(name).has_kernel(device)
-
-
-def _composite(name):
-    # getattr: a package without composites still reports (nothing is composite then).
-    return getattr(functional, "composite", lambda name: None)(name)
-
-
 def how_runs(name, device, prefer_composite=False):
-    """(how, runner): how the device runs op `name`, and a callable(inputs, attrs) that runs it so.
+    """(how, runner): how the dispatcher runs op `name` on the device, and a callable(inputs, attrs)
+    that runs it so.
 
     prefer_composite runs an op's composite even where the device has a kernel: it checks the composites.
     """
-    comp = _composite(name)
-    if comp is not None and prefer_composite:
-        return "composite", comp
-    if _has_kernel(name, device):
-        return "native", _C.op(name)
-    if comp is not None:
-        return "composite", comp
-    if _C.cpu_fallback():
-        return "cpu-fallback", _C.op(name)
-    return "missing", None
+    op = dispatch.op(name)
+    if prefer_composite and op.info()["composite"]:
+        return "composite", op.call_composite
+    how = op.how(device)
+    return how, (None if how == "missing" else op)
 
 
 def case_dtypes(info, spec):

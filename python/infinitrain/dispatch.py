@@ -1,0 +1,85 @@
+"""The Python side of the dispatcher: op lookup, calls, graph recording and
+dtype promotion. Every module that runs ops goes through here; it imports only
+the native core and autograd, so nothing above it forms an import cycle.
+
+Which implementation runs (a device's kernel, the op's composite, the CPU
+fallback) is the native dispatcher's choice; `how(name, device)` reports it.
+"""
+
+import contextlib
+
+from infinitrain import _C, autograd
+
+_ops = {}
+
+
+def op(name):
+    """The native op object (cached: this is on every op's path)."""
+    o = _ops.get(name)
+    if o is None:
+        o = _ops[name] = _C.op(name)
+    return o
+
+
+def call(name, inputs, attrs=()):
+    """Runs op `name` on Tensors (anything with a native `_t`); returns the native outputs."""
+    return op(name)([t._t for t in inputs], list(attrs))
+
+
+def how(name, device):
+    """How `device` runs op `name`: 'native', 'composite', 'cpu-fallback' or 'missing'."""
+    return op(name).how(device)
+
+
+def set_composite(name, fn):
+    """Registers fn(native inputs, attrs) -> native outputs as the composite of op `name`."""
+    op(name).set_composite(fn)
+
+
+@contextlib.contextmanager
+def prefer_composites(names):
+    """Inside, the ops `names` run their composites even where a device has a kernel (to compare the paths)."""
+    ops = [op(n) for n in names]
+    for o in ops:
+        o.prefer_composite(True)
+    try:
+        yield
+    finally:
+        for o in ops:
+            o.prefer_composite(False)
+
+
+def needs_grad(*ts):
+    """Whether an op on these tensors must record a graph node."""
+    if not autograd.is_grad_enabled():
+        return False
+    for t in ts:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def record(out, inputs, backward, name, saved=()):
+    """Makes `out` a graph node; `saved` lists the tensors whose values backward reads."""
+    out.requires_grad = True
+    out._node = autograd.Node(backward, inputs, name, tuple((t._t, t._t.version) for t in saved))
+    return out
+
+
+_FLOAT_RANK = {"bfloat16": 0, "float16": 0, "float32": 1, "float64": 2}
+
+
+def is_float(dtype):
+    return dtype in _FLOAT_RANK
+
+
+def promoted_dtype(a, b):
+    """The dtype two float dtypes meet at: the wider one; bfloat16 with float16 meet at float32."""
+    if a == b:
+        return a
+    ra, rb = _FLOAT_RANK.get(a), _FLOAT_RANK.get(b)
+    if ra is None or rb is None:
+        raise ValueError(f"dtype mismatch: {a} and {b} (cast one with .to(dtype))")
+    if ra == rb:
+        return "float32"
+    return a if ra > rb else b
