@@ -270,7 +270,8 @@ def child_main(args):
 
 def run_fuzz(count, seed=SEED, formats=FORMATS, timeout=1800):
     """Runs the cases in a child process; returns (result dict, CompletedProcess)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="2")
+    # One thread: loading needs no parallelism, and spinning OpenMP workers slow a busy machine down.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
     env.pop("BUILD_WORKING_DIRECTORY", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"--count={count}", f"--seed={seed}"]
     cmd.append(f"--formats={','.join(formats)}")
