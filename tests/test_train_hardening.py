@@ -233,6 +233,7 @@ def test_outputs_are_checked_before_training(corpus, tmp_path):
         ([f"--checkpoint_dir={afile}/ckpt"], "--checkpoint_dir"),
         (["--checkpoint_dir=/proc/infinitrain-ckpt"], "--checkpoint_dir"),
         ([f"--input_val_bin={bad_val}", "--val_every=100"], "bad magic"),
+        ([f"--input_val_bin={bad_val}"], "--input_val_bin"),
         ([f"--input_val_bin={short_val}", "--val_every=100"], "needs at least"),
         (["--log_file=/dev/full"], "--log_file=/dev/full"),
     ]

@@ -390,7 +390,7 @@ def train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop):
     # One loader feeds every device: each micro-batch has B rows per device.
     loader = open_tokens("--input_bin", train_path, B * n, T, shuffle=True, seed=values["seed"])
     val_loader = None
-    if values["val_every"] and val_path:
+    if val_path and (values["val_every"] or values["input_val_bin"]):  # an explicit file is checked even if unused
         val_loader = open_tokens("--input_val_bin", val_path, B * n, T, shuffle=False)
     vocab = tokenizer.vocab_size if tokenizer is not None else max_token(loader) + 1
     model_flags = {k: values[k] for k in ("llmc_filepath", "sequence_length", "n_layer", "n_head", "n_kv_head")}
@@ -502,7 +502,11 @@ def train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop):
                 "or pass --allow_nonfinite to keep going"
             )
         progress.show(done)
-        if val_loader is not None and (done % values["val_every"] == 0 or done == num_iteration):
+        if (
+            val_loader is not None
+            and values["val_every"]
+            and (done % values["val_every"] == 0 or done == num_iteration)
+        ):
             progress.clear()
             print(f"step {done} | val loss {evaluate(model, val_loader, device, values['val_batches']):.6f}")
         every = values["checkpoint_every"]
