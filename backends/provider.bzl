@@ -1,37 +1,6 @@
-"""The --config=<provider> switch: a string flag naming the provider to build in."""
+"""A provider's Python module (`provider_extension`)."""
 
-PROVIDERS = ["sim", "cuda", "maca"]
-
-def _provider_flag_impl(ctx):
-    value = ctx.build_setting_value
-    if value and value not in PROVIDERS:
-        fail("unknown provider '%s': expected one of %s" % (value, ", ".join(PROVIDERS)))
-    return []
-
-provider_flag = rule(
-    implementation = _provider_flag_impl,
-    build_setting = config.string(flag = True),
-)
-
-def _unavailable_impl(ctx):
-    fail(ctx.attr.message)
-
-# A target whose analysis fails with one line: selected for a provider that cannot build here.
-provider_unavailable = rule(
-    implementation = _unavailable_impl,
-    attrs = {"message": attr.string(mandatory = True)},
-)
-
-def provider_deps():
-    """The provider libraries //python:infinitrain links, chosen by --config=<provider>."""
-    return select({
-        "//backends:sim": ["//backends/sim:infinitrain_sim"],
-        "//backends:cuda": ["//backends:cuda_unavailable"],
-        "//backends:maca": ["//toolchains/maca:sdk_check"],
-        "//conditions:default": [],
-    })
-
-def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
+def provider_extension(name, srcs, deps = [], copts = [], visibility = None, tags = []):
     """A provider's pybind11 module `name` (exposing register_backend()) as a py_library of the same name.
 
     The module links the core's shared library instead of the core itself, so
@@ -43,6 +12,7 @@ def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
         copts = ["-fvisibility=hidden"] + copts,
         linkshared = True,
         linkstatic = True,
+        tags = tags,
         deps = deps + [
             "//infinitrain:headers",
             "@local_python//:pybind11",
@@ -52,5 +22,6 @@ def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
         name = name,
         data = [":" + name + ".so"],
         imports = ["."],
+        tags = tags,
         visibility = visibility,
     )

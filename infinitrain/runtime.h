@@ -28,11 +28,13 @@ public:
     virtual void SetDevice(int index) = 0;
 
     // Raw device memory for the core's caching allocator: returns nullptr when the device is out of
-    // memory (the allocator then frees its cache and retries). Other failures raise.
+    // memory (the allocator then frees its cache and retries). Other failures raise. RawFree returns the
+    // memory only once no queued work can touch it (it waits for the device, as cudaFree does).
     virtual void* RawAlloc(size_t nbytes, int device) = 0;
     virtual void RawFree(void* ptr, int device) = 0;
     // Page-locked host memory that copies can read or write while the host goes on; nullptr when out
-    // of memory. The default is plain host memory (the runtime then stages such copies like any other).
+    // of memory. HostFree waits for queued copies, as RawFree does. The default is plain host memory
+    // (the runtime then stages such copies like any other).
     virtual void* HostAlloc(size_t nbytes);
     virtual void HostFree(void* ptr);
 

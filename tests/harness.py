@@ -1,7 +1,7 @@
 """Shared test harness: the device under test, tolerances, and float64 checks.
 
 The device comes from INFINITRAIN_TEST_DEVICE (set by `--config=<provider>`),
-"cpu" by default. Tolerances are DESIGN.md's; a test needing looser bounds
+"cpu" by default. Tolerances are the project's (docs/architecture.md); a test needing looser bounds
 passes them explicitly and says why.
 """
 

@@ -59,7 +59,7 @@ def test_loss_falls_in_20_steps(kind, dtype):
 @pytest.mark.parametrize("kind", ["gpt2", "llama3"])
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
 def test_loss_curve_matches_cpu(kind, dtype, tol):
-    """DESIGN.md's bar: a tiny model's loss curve on a device matches the CPU curve step by step."""
+    """The bar for every provider: a tiny model's loss curve on a device matches the CPU curve step by step."""
     data = batch()
     _, on_device = train(kind, 10, data, dtype=dtype)
     _, on_cpu = train(kind, 10, data, dtype=dtype, device="cpu")

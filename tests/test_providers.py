@@ -146,3 +146,78 @@ def test_registration_touches_no_hardware():
         it.backends.register("fake")
         assert _C.memory_stats("fake:0")["num_allocs"] == 0
     """)
+
+
+def test_a_failed_registration_leaves_nothing_registered():
+    run_py("""
+        for _ in range(2):  # a retry fails the same way instead of finding a half-registered provider
+            try:
+                it.backends.register("fakebad")
+            except RuntimeError as e:
+                assert "registration failed" in str(e) and "unknown op 'no_such_op'" in str(e), e
+            else:
+                raise AssertionError("registered a provider with a kernel for an unknown op")
+            assert it.backends.registered() is None
+            assert "fakebad.scale_add" not in it.ops.names()
+        it.backends.register("fake")  # the slot is still free
+        assert it.backends.registered()["name"] == "fake"
+    """)
+
+
+def test_provider_ops_run_natively_or_as_their_composite():
+    run_py("""
+        from infinitrain import dispatch
+        it.backends.register("fake")
+        assert it.ops.schema("fake.scale_add") == "fake.scale_add(x, y; alpha: float) -> out"
+        assert "scale_add" in dir(it.ops.fake)
+        g = np.random.default_rng()
+        a, b = g.standard_normal((3, 5)), g.standard_normal((3, 5))
+        x, y = it.from_numpy(a, device="fake:1"), it.from_numpy(b, device="fake:1")
+        assert dispatch.how("fake.scale_add", "fake:1") == "native"
+        out = it.ops.fake.scale_add(x, y, alpha=2.5)
+        assert out.device == "fake:1"
+        np.testing.assert_allclose(out.numpy(), a + 2.5 * b, rtol=1e-15)
+        # No cpu kernel: the cpu runs the provider's composite (affine, then add).
+        assert dispatch.how("fake.scale_add", "cpu") == "composite"
+        out = it.ops.call("fake.scale_add", it.from_numpy(a), it.from_numpy(b), alpha=-0.5)
+        np.testing.assert_allclose(out.numpy(), a - 0.5 * b, rtol=1e-15)
+        for bad, err in [(lambda: it.ops.fake.scale_add(x, y), "missing attribute(s) alpha"),
+                         (lambda: it.ops.fake.scale_add(x, y, alpha=1.0, beta=2.0), "unexpected attribute(s) beta"),
+                         (lambda: it.ops.fake.scale_add(x, it.ones(2, device="fake:1", dtype="float64"), alpha=1.0),
+                          "x and y must have one shape and dtype"),
+                         (lambda: it.ops.fake.nope, "no op 'fake.nope'")]:
+            try:
+                bad()
+            except (TypeError, ValueError, AttributeError) as e:
+                assert err in str(e), e
+            else:
+                raise AssertionError(err)
+        from infinitrain.tools import conformance
+        rep = conformance.run("fake", ops=["fake.scale_add", "add"])
+        rows = {r["op"]: r for r in rep["records"]}
+        assert rows["fake.scale_add"]["tier"] == "provider" and rows["fake.scale_add"]["how"] == "native"
+        assert rows["fake.scale_add"]["status"] == "provider-op" and rep["summary"]["ok"], rep["summary"]
+    """)
+
+
+def test_blas_handles_are_per_thread_and_bound_to_the_stream():
+    run_py("""
+        import threading, time
+        it.backends.register("fake")
+        x = it.ones(2, device="fake:0")
+        probe = lambda: it.ops.fake.blas_probe(x).numpy().tolist()
+        h1, made1, binds1 = probe()
+        assert probe() == [h1, made1, binds1]  # same thread, same stream: same handle, no rebinding
+        s = it.runtime.Stream("fake:0")
+        with it.runtime.stream(s):
+            h3, made3, binds3 = probe()
+        assert (h3, made3, binds3) == (h1, made1, binds1 + 1)  # rebound to the op's stream
+        seen = []
+        for _ in range(8):  # threads one after another: an ended thread's handle goes to the next
+            t = threading.Thread(target=lambda: seen.append(probe()))
+            t.start()
+            t.join(timeout=30)
+            time.sleep(0.05)
+        assert all(h != h1 for h, _, _ in seen)  # never the live handle of this thread
+        assert seen[-1][1] - made1 <= 3, seen
+    """)

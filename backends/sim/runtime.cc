@@ -31,9 +31,16 @@ public:
     void SetDevice(int index) override { CheckDeviceIndex(index); }
 
     void* RawAlloc(size_t nbytes, int device) override { return MapDeviceMemory(nbytes, device); }
-    void RawFree(void* ptr, int device) override { UnmapDeviceMemory(ptr, device); }
+    // Like cudaFree and cudaFreeHost: memory goes back only once no queued work can touch it.
+    void RawFree(void* ptr, int device) override {
+        WaitForDevice(device);
+        UnmapDeviceMemory(ptr, device);
+    }
     void* HostAlloc(size_t nbytes) override { return AllocPinned(nbytes); }
-    void HostFree(void* ptr) override { FreePinned(ptr); }
+    void HostFree(void* ptr) override {
+        for (int d = 0; d < sim::DeviceCount(); ++d) WaitForDevice(d);
+        FreePinned(ptr);
+    }
 
     void MemcpyAsync(void* dst, const void* src, size_t n, MemcpyKind kind, const Stream& stream) override {
         if (n == 0) return;

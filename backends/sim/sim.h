@@ -54,6 +54,8 @@ void SynchronizeEvent(const Event& event);
 float ElapsedMs(const Event& start, const Event& end);
 // Waits for every stream of the device, then rethrows its pending error.
 void SynchronizeDevice(int device);
+// Waits for every stream of the device and leaves its pending error for the next synchronisation.
+void WaitForDevice(int device);
 // At exit: queued work is abandoned and workers stop touching the runtime.
 void Shutdown();
 

@@ -324,7 +324,7 @@ float ElapsedMs(const Event& start, const Event& end) {
     return std::chrono::duration<float, std::milli>(t[1] - t[0]).count();
 }
 
-void SynchronizeDevice(int device) {
+void WaitForDevice(int device) {
     State& st = State::Get();
     DeviceState& d = st.Device(device);
     if (t_worker && t_worker->device == device) {
@@ -332,6 +332,10 @@ void SynchronizeDevice(int device) {
                                  " from one of its own stream workers would deadlock");
     }
     for (const auto& s : st.StreamsOf(d)) Drain(*s);
+}
+
+void SynchronizeDevice(int device) {
+    WaitForDevice(device);
     RethrowError(device);
 }
 

@@ -1,9 +1,13 @@
 // A minimal provider for the mechanism's own tests: the host-memory runtime
-// (synchronous streams), and kernels for only a few ops (the CPU's, called directly), so the
-// tests can see a provider with missing ops, the CPU fallback and composites,
-// and two different providers in one process. PROVIDER_NAME comes from the
-// build (fake, fake2).
+// (synchronous streams) with a counting BLAS hook, kernels for only a few ops
+// (the CPU's, called directly), and two ops of its own, so the tests can see
+// a provider with missing ops, the CPU fallback, composites, provider ops and
+// two different providers in one process. PROVIDER_NAME comes from the build
+// (fake, fake2, fakebad); fakebad also adds a kernel for an op that does not
+// exist, so its registration must fail and leave nothing registered.
 #include <pybind11/pybind11.h>
+
+#include <atomic>
 
 #include "infinitrain/host_runtime.h"
 #include "infinitrain/provider.h"
@@ -17,13 +21,56 @@ using namespace infinitrain;
 
 constexpr const char* kName = STR(PROVIDER_NAME);
 
+std::atomic<int64_t> g_handles{0};
+std::atomic<int64_t> g_binds{0};
+
 class FakeRuntime final : public HostMemoryRuntime {
 public:
     FakeRuntime() : HostMemoryRuntime(DeviceType::kPrivateUse1, 2) {}
+    void* CreateBlasHandle(int) override { return new int64_t(++g_handles); }
+    void SetBlasStream(void*, const Stream&) override { ++g_binds; }
 };
 
 // Device memory is host memory here, so the CPU kernel can run on the same context.
 void CpuKernel(KernelContext& ctx) { ctx.op->Kernel(DeviceType::kCPU)(ctx); }
+
+// <name>.scale_add(x, y; alpha) = x + alpha * y, float32 or float64.
+std::vector<TensorMeta> ScaleAddShape(const char* op, const std::vector<Tensor>& in, const Attrs&) {
+    if (in[0].shape() != in[1].shape() || in[0].dtype() != in[1].dtype()) {
+        OpError(op, "x and y must have one shape and dtype");
+    }
+    return {{in[0].shape(), in[0].dtype()}};
+}
+
+template <typename T>
+void ScaleAdd(KernelContext& ctx) {
+    const T *x = ctx.in[0].data<T>(), *y = ctx.in[1].data<T>();
+    T* out = ctx.out[0].data<T>();
+    T alpha = static_cast<T>(ctx.f(0));
+    for (int64_t i = 0; i < ctx.out[0].numel(); ++i) out[i] = x[i] + alpha * y[i];
+}
+
+void ScaleAddKernel(KernelContext& ctx) {
+    if (ctx.in[0].dtype() == DataType::kFloat64) return ScaleAdd<double>(ctx);
+    ScaleAdd<float>(ctx);
+}
+
+std::vector<Tensor> ScaleAddComposite(const std::vector<Tensor>& in, const Attrs& attrs) {
+    Tensor scaled = GetOp("affine").Call({in[1]}, {attrs[0], AttrValue(0.0)})[0];
+    return GetOp("add").Call({in[0], scaled}, {});
+}
+
+// <name>.blas_probe(x) -> int64 [3]: the calling thread's BLAS handle id, handles made, stream binds.
+std::vector<TensorMeta> ProbeShape(const char*, const std::vector<Tensor>&, const Attrs&) {
+    return {{Shape{3}, DataType::kInt64}};
+}
+
+void ProbeKernel(KernelContext& ctx) {
+    int64_t* out = ctx.out[0].data<int64_t>();
+    out[0] = *static_cast<int64_t*>(BlasHandle(ctx.stream));
+    out[1] = g_handles;
+    out[2] = g_binds;
+}
 
 }  // namespace
 
@@ -34,6 +81,18 @@ REGISTER_PROVIDER_KERNEL(kName, "cast", CpuKernel);
 REGISTER_PROVIDER_KERNEL(kName, "add", CpuKernel);
 REGISTER_PROVIDER_KERNEL(kName, "mul", CpuKernel);
 REGISTER_PROVIDER_KERNEL(kName, "sigmoid", CpuKernel);
+REGISTER_PROVIDER_OP(kName,
+                     (OpDef{STR(PROVIDER_NAME) ".scale_add(x, y; alpha: float) -> out", OpTier::kProvider,
+                            DtypeBit(DataType::kFloat32) | DtypeBit(DataType::kFloat64), "", ScaleAddShape,
+                            "x + alpha * y (a provider op with a kernel and a composite)"}),
+                     ScaleAddKernel, ScaleAddComposite);
+REGISTER_PROVIDER_OP(kName,
+                     (OpDef{STR(PROVIDER_NAME) ".blas_probe(x) -> out", OpTier::kProvider, kAllDtypes, "", ProbeShape,
+                            "the BLAS handle of the calling thread (a test probe)"}),
+                     ProbeKernel, nullptr);
+#ifdef BROKEN
+REGISTER_PROVIDER_KERNEL(kName, "no_such_op", CpuKernel);
+#endif
 
 PYBIND11_MODULE(MODULE_NAME, m) {
     m.def("register_backend", [] { RegisterProvider({kName, DataType::kFloat16}); });

@@ -1,0 +1,107 @@
+"""GPU benchmark (not a test): GPT-2 124M or a LLaMA 3 of comparable size,
+random init and tokens, bf16 autocast, AdamW, gradient clipping, the same
+step as tools/bench/torch_models.py so the two can be compared on one card.
+
+    python3 -m infinitrain.tools.bench_gpu --device=cuda --model=gpt2 --batch=16
+
+Prints one JSON line: tokens/s, ms/step, MFU against 989 TFLOP/s, peak memory.
+"""
+
+import json
+import time
+
+import numpy as np
+from absl import app, flags
+
+import infinitrain as it
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("device", "cuda", "Device to measure.")
+flags.DEFINE_enum("model", "gpt2", ["gpt2", "llama3"], "Model.")
+flags.DEFINE_integer("batch", 16, "Sequences per step.")
+flags.DEFINE_integer("seq", 1024, "Tokens per sequence.")
+flags.DEFINE_integer("steps", 20, "Timed steps.")
+flags.DEFINE_integer("warmup", 5, "Untimed steps first.")
+flags.DEFINE_float("peak_tflops", 989.0, "Dense bf16 peak of the card, for MFU.")
+
+
+def build(model, seq, device):
+    if model == "gpt2":
+        cfg = GPT2Config(block_size=seq, vocab_size=50257, padded_vocab_size=50304, n_layer=12, n_head=12, n_embd=768)
+        return GPT2(cfg, device), cfg.vocab_size
+    cfg = LLaMA3Config(
+        block_size=seq,
+        vocab_size=32000,
+        n_layer=12,
+        n_head=12,
+        n_kv_head=4,
+        n_embd=768,
+        ffn_dim_multiplier=1.0,
+        multiple_of=256,
+        use_scaled_rope=False,
+    )
+    return LLaMA3(cfg, device), cfg.vocab_size
+
+
+def flops_per_token(model, n_params, seq):
+    """6 N for the matmuls plus attention's 12 L T d (forward and backward), as llm.c and nanoGPT count."""
+    cfg = model.config
+    return 6 * n_params + 12 * cfg.n_layer * seq * cfg.n_embd
+
+
+def main(argv):
+    del argv
+    device = it.runtime.parse_device(FLAGS.device)
+    it.manual_seed(0)
+    model, vocab = build(FLAGS.model, FLAGS.seq, device)
+    params = list(model.parameters())
+    opt = it.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    data = np.random.default_rng(0).integers(0, vocab, size=(FLAGS.batch, FLAGS.seq + 1))
+    x = it.from_numpy(data[:, :-1], device=device)
+    y = it.from_numpy(data[:, 1:], device=device)
+
+    def step():
+        opt.zero_grad()
+        with it.amp.autocast(device, dtype="bfloat16"):
+            _, loss = model(x, y)
+        loss.backward()
+        it.optim.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss
+
+    for _ in range(FLAGS.warmup):
+        step().item()
+    it.runtime.synchronize(device)
+    it.runtime.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(FLAGS.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    med = float(np.median(times))
+    n_params = model.num_parameters()
+    tokens = FLAGS.batch * FLAGS.seq
+    mfu = flops_per_token(model, n_params, FLAGS.seq) * tokens / med / (FLAGS.peak_tflops * 1e12)
+    print(
+        json.dumps(
+            {
+                "framework": "infinitrain",
+                "model": FLAGS.model,
+                "batch": FLAGS.batch,
+                "seq": FLAGS.seq,
+                "params_M": round(n_params / 1e6, 2),
+                "ms_per_step": round(med * 1000, 2),
+                "tokens_per_s": round(tokens / med),
+                "mfu": round(mfu, 4),
+                "peak_GB": round(it.runtime.max_memory_allocated(device) / 1e9, 2),
+                "loss": round(loss.item(), 4),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the package and the shared suites for one provider and assembles a
+# folder that runs them on a machine without Bazel (the same Python version,
+# the provider's libraries on the loader path):
+#
+#   tools/device_payload.sh cuda [OUT]      # OUT defaults to .payload/cuda
+#   python3 OUT/run_tests.py [pytest args]  # there: every shared suite on device "cuda"
+#
+# OUT holds python/ (the package with its native modules, the provider's module
+# and the test-only providers), tests/, docs/ops.md, python/bin/ (train, bench,
+# conformance) and run_tests.py. Extra bazel flags go in BAZEL_FLAGS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+provider=${1:?usage: tools/device_payload.sh <provider> [out]}
+out=${2:-.payload/$provider}
+
+# shellcheck disable=SC2086
+./bazelw build --config="$provider" ${BAZEL_FLAGS:-} //python:infinitrain //tests/... >&2
+bin=$(./bazelw info --config="$provider" ${BAZEL_FLAGS:-} bazel-bin 2>/dev/null)
+
+rm -rf "$out"
+mkdir -p "$out/python" "$out/tests" "$out/docs"
+tar -C python --exclude=__pycache__ --exclude='*.so' -cf - infinitrain bin | tar -C "$out/python" -xf -
+cp -L "$bin/python/infinitrain/_C.so" "$bin/python/infinitrain/libinfinitrain.so" "$out/python/infinitrain/"
+for so in "$bin/backends/$provider/infinitrain_$provider.so" "$bin"/tests/fake_provider/infinitrain_*.so; do
+    [ -f "$so" ] && cp -L "$so" "$out/python/"
+done
+[ -f "$out/python/infinitrain_$provider.so" ] || { echo "no module infinitrain_$provider.so was built" >&2; exit 1; }
+cp tests/*.py "$out/tests/"
+cp docs/ops.md "$out/docs/"
+cat >"$out/run_tests.py" <<PY
+"""Runs the shared suites on device '$provider' from this payload (no Bazel needed)."""
+
+import os
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+os.environ.setdefault("INFINITRAIN_TEST_DEVICE", "$provider")
+sys.path[:0] = [os.path.join(here, "python"), os.path.join(here, "tests")]
+os.environ["PYTHONPATH"] = os.pathsep.join(sys.path[:2] + [os.environ.get("PYTHONPATH", "")])
+
+import pytest  # noqa: E402
+
+sys.exit(pytest.main([os.path.join(here, "tests"), "-q", "-p", "no:cacheprovider", "-rfEs", *sys.argv[1:]]))
+PY
+du -sh "$out" >&2
