@@ -674,7 +674,8 @@ def scaled_dot_product_attention(q, k, v, is_causal=True, scale=None):
 
 def cross_entropy(logits, target, ignore_index=-100):
     """Mean cross-entropy of logits [N, V] (or [..., V]) against int64 targets [N] (or [...])."""
-    logits = _autocast_fp32(logits)
+    # No cast under autocast: the kernels compute in float32 from 16-bit logits (exact widening), and a float32
+    # copy of [N, vocab] logits would cost more than the loss itself.
     if logits.ndim != 2:
         logits = logits.reshape(-1, logits.shape[-1])
         target = target.reshape(-1)
