@@ -149,3 +149,17 @@ class DecoderLM(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
         cfg = self.config
         return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+
+    # ---- Hugging Face checkpoints (models/hf.py) ----
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", **kwargs):
+        """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
+        from infinitrain.models import hf
+
+        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+
+    def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
+        """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
+        from infinitrain.models import hf
+
+        hf.save_pretrained(self, path, dtype, max_shard_size)
