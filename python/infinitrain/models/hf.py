@@ -705,6 +705,13 @@ def from_pretrained(path, device="cpu", cls=None, **config_overrides):
 def save_pretrained(model, path, dtype="float32", max_shard_size="5GB"):
     """Writes `model` as a Hugging Face checkpoint folder (config.json + safetensors, sharded with an index
     above max_shard_size) in `dtype` (float32 or bfloat16; float16, float64 too)."""
+    from infinitrain.models.lora import lora_modules
+
+    if lora_modules(model):
+        raise ValueError(
+            "save_pretrained: the model has LoRA adapters; lora.merge_and_unload(model) first, "
+            "or lora.save_adapters(model, path) for the adapters alone"
+        )
     if isinstance(model, GPT2):
         cfg, tensors = _gpt2_save(model)
     elif isinstance(model, LLaMA3):
