@@ -120,8 +120,9 @@ class DecoderLM(nn.Module):
 
     def _tables(self, T):
         device = self.embed_tokens.weight.device
-        if self._rope is None or self._rope[0].device != device:
-            self._rope = rope_tables(self.config, device)
+        dtype = "float64" if self.embed_tokens.weight.dtype == "float64" else "float32"  # the rope op's table dtype
+        if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
+            self._rope = rope_tables(self.config, device, dtype)
         cos, sin = self._rope
         return cos[:T], sin[:T]
 

@@ -61,8 +61,8 @@ class LLaMA3Config:
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
 
-def rope_tables(cfg, device):
-    """cos, sin [block_size, head_dim / 2] (float32) of the rotation angles t * freq_i."""
+def rope_tables(cfg, device, dtype="float32"):
+    """cos, sin [block_size, head_dim / 2] of the rotation angles t * freq_i (float32; float64 for float64 models)."""
     hd = cfg.head_dim
     freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     if cfg.use_scaled_rope:
@@ -73,7 +73,7 @@ def rope_tables(cfg, device):
         scaled = (1 - smooth) * freqs / factor + smooth * freqs
         freqs = np.where(wavelen < old_ctx / high, freqs, np.where(wavelen > old_ctx / low, freqs / factor, scaled))
     angles = np.outer(np.arange(cfg.block_size, dtype=np.float64), freqs)
-    return from_numpy(np.cos(angles), "float32", device), from_numpy(np.sin(angles), "float32", device)
+    return from_numpy(np.cos(angles), dtype, device), from_numpy(np.sin(angles), dtype, device)
 
 
 class Attention(nn.Module):
@@ -133,8 +133,9 @@ class LLaMA3(nn.Module):
 
     def _tables(self, T):
         device = self.wte.weight.device
-        if self._rope is None or self._rope[0].device != device:
-            self._rope = rope_tables(self.config, device)
+        dtype = "float64" if self.wte.weight.dtype == "float64" else "float32"  # the rope op's table dtype
+        if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
+            self._rope = rope_tables(self.config, device, dtype)
         cos, sin = self._rope
         return cos[:T], sin[:T]
 
