@@ -177,3 +177,46 @@ def test_ops_are_fused_with_composites():
     for name in ("moe_topk", "moe_topk_backward", "moe_permute", "moe_unpermute", "moe_unpermute_backward"):
         info = _C.op(name).info()
         assert info["tier"] == "fused" and info["composite"], name
+
+
+def test_one_expert_top1_equals_the_dense_swiglu_block():
+    from infinitrain.models.moe import Expert, SparseMoE
+
+    it.manual_seed(7)
+    moe = SparseMoE(12, 20, num_experts=1, top_k=1, normalize=True, device=DEVICE)
+    dense = Expert(12, 20, DEVICE, 0.02, 0.02)
+    for a, b in zip(moe.experts[0].parameters(), dense.parameters(), strict=True):
+        b.copy_(a)
+    moe.to("float64"), dense.to("float64")
+    x = it.from_numpy(rng().standard_normal((2, 5, 12)), device=DEVICE)
+    np.testing.assert_allclose(moe(x).numpy(), dense(x).numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_block_routes_every_token_to_k_experts_and_balancing_loss():
+    from infinitrain.models.moe import SparseMoE, load_balancing_loss
+
+    it.manual_seed(8)
+    E, k, N, C = 8, 2, 30, 16
+    moe = SparseMoE(C, 24, num_experts=E, top_k=k, normalize=True, device=DEVICE)
+    moe.to("float64")
+    x = rng().standard_normal((N, C))
+    out = moe(it.from_numpy(x, device=DEVICE))
+    counts, prob_sum, tokens = moe.router_stats
+    assert tokens == N and counts.numpy().sum() == N * k  # dropless: exactly k experts per token
+    # NumPy reference of the block: softmax gating, top-2 of 8, renormalised, SwiGLU experts.
+    params = {n: p.numpy() for n, p in moe.named_parameters()}
+    probs = softmax(x @ params["gate.weight"].T)
+    top = np.argsort(-probs, -1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, top, -1)
+    w /= w.sum(-1, keepdims=True)
+    want = np.zeros_like(x)
+    for n in range(N):
+        for j in range(k):
+            e = f"experts.{top[n, j]}."
+            g = x[n] @ params[e + "gate_proj.weight"].T
+            h = g / (1 + np.exp(-g)) * (x[n] @ params[e + "up_proj.weight"].T)
+            want[n] += w[n, j] * (h @ params[e + "down_proj.weight"].T)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(top.reshape(-1), minlength=E))
+    aux = load_balancing_loss([moe.router_stats], E).item()
+    assert aux == pytest.approx(E * (np.bincount(top.reshape(-1), minlength=E) / N * probs.mean(0)).sum(), rel=1e-12)
