@@ -201,3 +201,42 @@ def test_registry_builds_from_config_json_and_init_from(tmp_path):
         registry.build_model("bert", V, T)
     ll = registry.build_model("llama3", V, T, n_layer=1, n_head=2, n_embd=16, intermediate_size=40)
     assert isinstance(ll.config, LLaMA3Config) and ll.config.hidden_dim == 40
+
+
+def test_cli_flags_drive_the_helpers_and_checkpoints_resume(tmp_path):
+    """What the train CLI does with the helpers: flags -> model -> LoRA -> steps -> checkpoint -> resume."""
+    from absl import flags
+
+    from infinitrain import checkpoint
+
+    fv = flags.FlagValues()
+    flags.DEFINE_enum("model", "gpt2", list(registry.MODEL_NAMES), "", flag_values=fv)
+    for name, default in [("sequence_length", T), ("n_layer", 1), ("n_head", 2), ("n_kv_head", 1), ("n_embd", 16)]:
+        flags.DEFINE_integer(name, default, "", flag_values=fv)
+    registry.define_flags(fv)
+    fv(["train", "--model=mixtral", "--num_experts=4", "--lora_rank=2", "--lora_target_modules=q_proj,experts.*"])
+
+    def setup():
+        it.manual_seed(1)
+        model = registry.build_model_from_flags(fv, V, DEVICE)
+        params = registry.setup_lora_from_flags(fv, model)
+        return model, params, it.optim.AdamW(params, lr=1e-2)
+
+    model, params, opt = setup()
+    assert all(".lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    g = rng()
+    x, y = batch(g)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x, y)[1].backward()
+        registry.fill_missing_grads(params)
+        assert all(p.grad is not None for p in params)
+        opt.step()
+    tensors = {f"model.{k}": v.numpy() for k, v in model.state_dict().items()}
+    tensors.update({f"optim.{k}": v for k, v in opt.state_dict()["tensors"].items()})
+    checkpoint.save(tmp_path / "ckpt.bin", tensors, {})
+    again, _, opt2 = setup()
+    loaded, _ = checkpoint.load(tmp_path / "ckpt.bin")
+    again.load_state_dict({k[6:]: v for k, v in loaded.items() if k.startswith("model.")})
+    opt2.load_state_dict({"step": 2, "lr": 1e-2, "tensors": {k[6:]: v for k, v in loaded.items() if k[:6] == "optim."}})
+    np.testing.assert_array_equal(again(x)[0].numpy(), model(x)[0].numpy())

@@ -12,7 +12,7 @@ base weight is frozen and left out of the optimizer.
 A wrapped layer computes y = x W^T + b + dropout(x) A^T B^T * alpha / rank with A [rank, in] drawn
 uniform in +-1/sqrt(in) and B [out, rank] zero, so a fresh adapter leaves the model unchanged.
 target_modules are matched against module names (`model.named_modules()`) as in PEFT: a pattern matches a
-name equal to it or ending in "." + pattern; glob patterns (`layers.*.self_attn.q_proj`) match the whole name.
+name equal to it or ending in "." + pattern; glob patterns match the same way (`layers.1.*_proj`, `experts.*`).
 """
 
 import fnmatch
@@ -80,7 +80,12 @@ def _patterns(target_modules):
 
 
 def _matches(name, pattern):
-    return name == pattern or name.endswith("." + pattern) or fnmatch.fnmatchcase(name, pattern)
+    return (
+        name == pattern
+        or name.endswith("." + pattern)
+        or fnmatch.fnmatchcase(name, pattern)
+        or fnmatch.fnmatchcase(name, "*." + pattern)
+    )
 
 
 def lora_modules(model):

@@ -208,3 +208,20 @@ def build_model_from_flags(fv, vocab_size, device):
 def setup_lora_from_flags(fv, model):
     """setup_lora with --lora_rank --lora_alpha --lora_target_modules --lora_dropout."""
     return setup_lora(model, fv.model, fv.lora_rank, fv.lora_alpha, fv.lora_target_modules, fv.lora_dropout)
+
+
+def fill_missing_grads(params):
+    """Zero gradients for trainable parameters that got none this step (an expert no token was routed to),
+    so data-parallel all-reduces see the same tensors on every replica."""
+    from infinitrain.tensor import zeros
+
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            p.grad = zeros(p.shape, dtype=p.dtype, device=p.device)
+
+
+def load_tokenizer(path):
+    """A tokenizer for decoding samples: a Hugging Face tokenizer.json, or an llm.c tokenizer file."""
+    from infinitrain.data import HFTokenizer, Tokenizer
+
+    return HFTokenizer.load(path) if str(path).endswith(".json") else Tokenizer.load(path)
