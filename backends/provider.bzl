@@ -1,15 +1,6 @@
-"""Macros for providers: a provider's Python module (`provider_extension`) and a stand-in that fails with one line."""
+"""A provider's Python module (`provider_extension`)."""
 
-def _unavailable_impl(ctx):
-    fail(ctx.attr.message)
-
-# A target whose analysis fails with one line: selected for a provider that cannot build here.
-provider_unavailable = rule(
-    implementation = _unavailable_impl,
-    attrs = {"message": attr.string(mandatory = True)},
-)
-
-def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
+def provider_extension(name, srcs, deps = [], copts = [], visibility = None, tags = []):
     """A provider's pybind11 module `name` (exposing register_backend()) as a py_library of the same name.
 
     The module links the core's shared library instead of the core itself, so
@@ -21,6 +12,7 @@ def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
         copts = ["-fvisibility=hidden"] + copts,
         linkshared = True,
         linkstatic = True,
+        tags = tags,
         deps = deps + [
             "//infinitrain:headers",
             "@local_python//:pybind11",
@@ -30,5 +22,6 @@ def provider_extension(name, srcs, deps = [], copts = [], visibility = None):
         name = name,
         data = [":" + name + ".so"],
         imports = ["."],
+        tags = tags,
         visibility = visibility,
     )

@@ -1,0 +1,19 @@
+// infinitrain_cuda: the cuda provider's Python module. Importing it only loads
+// the library (whose runtime, kernels and CCL wait under the name "cuda");
+// register_backend() makes them live in the PrivateUse1 slot.
+#include <pybind11/pybind11.h>
+
+#include "backends/cuda/cuda.h"
+#include "infinitrain/provider.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(infinitrain_cuda, m) {
+    m.doc() = "infinitrain cuda provider: NVIDIA GPUs through CUDA, cuBLAS and NCCL";
+    m.def(
+        "register_backend",
+        [] {
+            infinitrain::RegisterProvider({infinitrain::cuda::kName, infinitrain::DataType::kBFloat16});
+        },
+        "Claims the PrivateUse1 slot for 'cuda' (idempotent).");
+}

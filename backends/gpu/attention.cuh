@@ -1,0 +1,89 @@
+// Attention kernels.
+//   rope(x [B, T, H, D], cos, sin [T, D/2], inverse): rotates each pair (x[..., 2i], x[..., 2i+1]) of position t
+//     by angle[t, i]: out0 = x0 cos - x1 sin, out1 = x0 sin + x1 cos (sin negated when inverse); a thread per pair,
+//     products in double (exact for float32 inputs), one rounding per output, as on the CPU.
+//   sdpa(q [B, Hq, T, D], k, v [B, Hkv, S, D], causal, scale) -> out [B, Hq, T, D], lse [B, Hq, T]:
+//     query heads h of kv head h / g (g = Hq / Hkv) are contiguous, so per (b, kv head) the g * T query rows form
+//     one [g*T, D] matrix and every product is one strided-batched GEMM over B * Hkv batches:
+//       scores [g*T, S] = scale * Q K^T;  row softmax (causal: key s > query t masked) writes P in place and
+//       lse = max + log(sum);  out = P V.
+//   sdpa_backward(dO, q, k, v, out, lse) -> dq, dk, dv: recomputes P = exp(scores - lse) (masked entries 0), then
+//       dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * out));  dQ = scale * dS K;  dK = scale * dS^T Q,
+//     where the [S, g*T] @ [g*T, D] products sum over the g query heads of a kv head by construction.
+//   Scratch is O(B * Hq * T * S) (one score matrix forward, two backward); a fused flash kernel replaces it later.
+// Precision: GEMMs and softmax in float32 (float64 for float64 inputs): bfloat16/float16 q, k, v, dO are widened
+// to float32 scratch and the results rounded once, as the CPU does; lse is float32 (float64).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/gpu/common.cuh"
+
+namespace infinitrain::gpu {
+
+template <typename T>
+__global__ void RopeKernel(const T* __restrict__ x, const Acc<T>* __restrict__ cos_t, const Acc<T>* __restrict__ sin_t,
+                           T* __restrict__ y, int64_t pairs, int64_t T_len, int64_t H, int64_t half, double sign) {
+    GPU_KERNEL_LOOP(q, pairs) {
+        const int64_t i = q % half, row = q / half, t = (row / H) % T_len;
+        const double c = cos_t[t * half + i], s = sign * static_cast<double>(sin_t[t * half + i]);
+        const double x0 = ToAcc(x[2 * q]), x1 = ToAcc(x[2 * q + 1]);
+        y[2 * q] = FromAcc<T>(static_cast<Acc<T>>(x0 * c - x1 * s));
+        y[2 * q + 1] = FromAcc<T>(static_cast<Acc<T>>(x0 * s + x1 * c));
+    }
+}
+
+// Rows of the score matrix [rows, S]; row r is query t = r % T. Each 32-lane group (kBlock false) or block (true)
+// turns one row into probabilities in place (masked keys 0) and writes its lse.
+template <bool kBlock, typename C>
+__global__ void SdpaSoftmaxKernel(C* __restrict__ scores, C* __restrict__ lse, int64_t rows, int64_t T_len, int64_t S,
+                                  bool causal) {
+    const int per_block = kBlock ? 1 : blockDim.x / kGroup;
+    const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
+    const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
+         base += static_cast<int64_t>(gridDim.x) * per_block) {
+        const int64_t r = base + sub;
+        const bool valid = r < rows;
+        C* row = scores + (valid ? r : 0) * S;
+        const int64_t n = !valid ? 0 : (causal ? r % T_len + 1 : S);  // causal implies T == S
+        C mx = -INFINITY;
+        for (int64_t s = pos; s < n; s += width) mx = Fmax(mx, row[s]);
+        mx = kBlock ? BlockReduce(mx, FmaxOp(), C(-INFINITY)) : GroupReduce(mx, FmaxOp());
+        C sum = 0;
+        for (int64_t s = pos; s < n; s += width) sum += Exp(row[s] - mx);
+        sum = kBlock ? BlockReduce(sum, SumOp(), C(0)) : GroupReduce(sum, SumOp());
+        const C inv = C(1) / sum;
+        if (valid) {
+            for (int64_t s = pos; s < S; s += width) row[s] = s < n ? Exp(row[s] - mx) * inv : C(0);
+            if (pos == 0) lse[r] = mx + Log(sum);  // S == 0: -inf
+        }
+    }
+}
+
+// P = exp(scores - lse) in place, masked keys 0.
+template <typename C>
+__global__ void SdpaProbsKernel(C* __restrict__ scores, const C* __restrict__ lse, int64_t rows, int64_t T_len,
+                                int64_t S, bool causal) {
+    GPU_KERNEL_LOOP(i, rows * S) {
+        const int64_t r = i / S, s = i - r * S;
+        scores[i] = (causal && s > r % T_len) ? C(0) : Exp(scores[i] - lse[r]);
+    }
+}
+
+// dP[r, s] = P[r, s] * (dP[r, s] - D_r), D_r = sum_e dO[r, e] * out[r, e] (in double, rounded to C); one block
+// per row.
+template <typename T, typename C>
+__global__ void SdpaDsKernel(const C* __restrict__ P, C* __restrict__ dP, const T* __restrict__ dO,
+                             const T* __restrict__ out, int64_t rows, int64_t S, int64_t D) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        double di = 0;
+        for (int64_t e = threadIdx.x; e < D; e += blockDim.x) {
+            di += static_cast<double>(ToAcc(dO[r * D + e])) * static_cast<double>(ToAcc(out[r * D + e]));
+        }
+        const C dc = static_cast<C>(BlockReduce(di, SumOp(), 0.0));
+        for (int64_t s = threadIdx.x; s < S; s += blockDim.x) dP[r * S + s] = P[r * S + s] * (dP[r * S + s] - dc);
+    }
+}
+
+}  // namespace infinitrain::gpu

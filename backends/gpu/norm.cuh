@@ -1,0 +1,264 @@
+// Softmax and normalisation layers.
+//   softmax / log_softmax(x, dim) and their backwards view x as (outer, n, inner) with n = x.shape[dim]:
+//     inner == 1: rows of n contiguous elements, a 32-lane group per row (n <= 1024) or a block per row;
+//     inner > 1: a thread per column (o, i), walking n with stride inner (coalesced across threads).
+//     The row max is subtracted before exp (max ignores NaN, as the CPU's fmax; a NaN still reaches the sum).
+//     softmax_backward(out, grad): dx = out * (grad - sum(grad * out)); log_softmax_backward: grad - exp(out)
+//     sum(grad).
+//   layernorm(x [R, C], weight, bias): per row (a block) mean, then the biased variance of x - mean (two passes),
+//     rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd * weight + bias. rmsnorm: rstd = 1 / sqrt(mean(x^2) + eps),
+//     out = x * rstd * weight. The backwards recompute xhat from the saved mean / rstd:
+//     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) (rmsnorm without mean(dxhat)),
+//     dweight = sum over rows of grad * xhat, dbias = sum of grad: threads own a column and a fixed chunk of rows
+//     (coalesced), partials combined in chunk order, so the sums are deterministic.
+// Precision: row statistics and softmax sums in the compute type (float for float32/bfloat16/float16, double for
+// float64); statistics are stored as float32 (float64 for float64 x). dweight / dbias accumulate in double.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/gpu/common.cuh"
+
+namespace infinitrain::gpu {
+
+// ---- softmax family -----------------------------------------------------------------
+
+// Sums of a row (len elements at stride 1) over `width` cooperating threads at position pos; `Reduce` combines
+// the threads' partials (a group or a block reduction).
+template <bool kLog, typename T, typename ReduceMax, typename ReduceSum>
+__device__ __forceinline__ void SoftmaxRow(const T* x, T* y, int64_t len, int pos, int width, ReduceMax rmax,
+                                           ReduceSum rsum) {
+    using V = Acc<T>;
+    V mx = -INFINITY;
+    for (int64_t j = pos; j < len; j += width) mx = Fmax(mx, ToAcc(x[j]));
+    mx = rmax(mx);
+    V sum = 0;
+    for (int64_t j = pos; j < len; j += width) sum += Exp(ToAcc(x[j]) - mx);
+    sum = rsum(sum);
+    if (kLog) {
+        const V shift = mx + Log(sum);
+        for (int64_t j = pos; j < len; j += width) y[j] = FromAcc<T>(ToAcc(x[j]) - shift);
+    } else {
+        const V inv = V(1) / sum;
+        for (int64_t j = pos; j < len; j += width) y[j] = FromAcc<T>(Exp(ToAcc(x[j]) - mx) * inv);
+    }
+}
+
+template <bool kLog, typename T, typename Reduce>
+__device__ __forceinline__ void SoftmaxBackwardRow(const T* y, const T* g, T* dx, int64_t len, int pos, int width,
+                                                   Reduce rsum) {
+    using V = Acc<T>;
+    V s = 0;
+    for (int64_t j = pos; j < len; j += width) s += kLog ? ToAcc(g[j]) : ToAcc(g[j]) * ToAcc(y[j]);
+    s = rsum(s);
+    for (int64_t j = pos; j < len; j += width) {
+        const V yv = ToAcc(y[j]), gv = ToAcc(g[j]);
+        dx[j] = FromAcc<T>(kLog ? gv - Exp(yv) * s : yv * (gv - s));
+    }
+}
+
+struct GroupMax {
+    template <typename V>
+    __device__ V operator()(V v) const {
+        return GroupReduce(v, FmaxOp());
+    }
+};
+struct GroupSum {
+    template <typename V>
+    __device__ V operator()(V v) const {
+        return GroupReduce(v, SumOp());
+    }
+};
+struct BlockMax {
+    template <typename V>
+    __device__ V operator()(V v) const {
+        return BlockReduce(v, FmaxOp(), V(-INFINITY));
+    }
+};
+struct BlockSum {
+    template <typename V>
+    __device__ V operator()(V v) const {
+        return BlockReduce(v, SumOp(), V(0));
+    }
+};
+
+// Rows of len contiguous elements: 32-lane groups (kBlock false) or whole blocks (true) per row. Loops run the
+// same number of times in every thread of a block, so reductions always see their whole group or block.
+template <bool kLog, bool kBlock, typename T>
+__global__ void SoftmaxRowsKernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t len) {
+    const int per_block = kBlock ? 1 : blockDim.x / kGroup;
+    const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
+    const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
+         base += static_cast<int64_t>(gridDim.x) * per_block) {
+        const int64_t row = base + sub;
+        const int64_t n = row < rows ? len : 0;  // a group past the end still joins its warp's shuffles
+        const int64_t r = row < rows ? row : 0;
+        if (kBlock) {
+            SoftmaxRow<kLog>(x + r * len, y + r * len, n, pos, width, BlockMax(), BlockSum());
+        } else {
+            SoftmaxRow<kLog>(x + r * len, y + r * len, n, pos, width, GroupMax(), GroupSum());
+        }
+    }
+}
+
+template <bool kLog, bool kBlock, typename T>
+__global__ void SoftmaxBackwardRowsKernel(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ dx,
+                                          int64_t rows, int64_t len) {
+    const int per_block = kBlock ? 1 : blockDim.x / kGroup;
+    const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
+    const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
+         base += static_cast<int64_t>(gridDim.x) * per_block) {
+        const int64_t row = base + sub;
+        const int64_t n = row < rows ? len : 0;
+        const int64_t r = (row < rows ? row : 0) * len;
+        if (kBlock) {
+            SoftmaxBackwardRow<kLog>(y + r, g + r, dx + r, n, pos, width, BlockSum());
+        } else {
+            SoftmaxBackwardRow<kLog>(y + r, g + r, dx + r, n, pos, width, GroupSum());
+        }
+    }
+}
+
+// inner > 1: thread t owns column (o, i) of (outer, n, inner).
+template <bool kLog, typename T>
+__global__ void SoftmaxColsKernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n, int64_t inner) {
+    using V = Acc<T>;
+    GPU_KERNEL_LOOP(t, outer * inner) {
+        const int64_t base = (t / inner) * n * inner + t % inner;
+        V mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) mx = Fmax(mx, ToAcc(x[base + j * inner]));
+        V sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += Exp(ToAcc(x[base + j * inner]) - mx);
+        if (kLog) {
+            const V shift = mx + Log(sum);
+            for (int64_t j = 0; j < n; ++j) y[base + j * inner] = FromAcc<T>(ToAcc(x[base + j * inner]) - shift);
+        } else {
+            const V inv = V(1) / sum;
+            for (int64_t j = 0; j < n; ++j)
+                y[base + j * inner] = FromAcc<T>(Exp(ToAcc(x[base + j * inner]) - mx) * inv);
+        }
+    }
+}
+
+template <bool kLog, typename T>
+__global__ void SoftmaxBackwardColsKernel(const T* __restrict__ y, const T* __restrict__ g, T* __restrict__ dx,
+                                          int64_t outer, int64_t n, int64_t inner) {
+    using V = Acc<T>;
+    GPU_KERNEL_LOOP(t, outer * inner) {
+        const int64_t base = (t / inner) * n * inner + t % inner;
+        V s = 0;
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t k = base + j * inner;
+            s += kLog ? ToAcc(g[k]) : ToAcc(g[k]) * ToAcc(y[k]);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t k = base + j * inner;
+            const V yv = ToAcc(y[k]), gv = ToAcc(g[k]);
+            dx[k] = FromAcc<T>(kLog ? gv - Exp(yv) * s : yv * (gv - s));
+        }
+    }
+}
+
+// ---- layernorm / rmsnorm -------------------------------------------------------------------
+
+// One block per row (grid-stride over rows). mean is null for rmsnorm (and bias with it).
+template <bool kRms, typename T>
+__global__ void NormForwardKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                  T* __restrict__ y, Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out,
+                                  int64_t rows, int64_t C, double eps) {
+    using V = Acc<T>;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * C;
+        V mean = 0;
+        if (!kRms) {
+            V s = 0;
+            for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += ToAcc(xr[j]);
+            s = BlockReduce(s, SumOp(), V(0));
+            mean = C ? s / static_cast<V>(C) : V(0);
+        }
+        V q = 0;
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+            const V d = ToAcc(xr[j]) - mean;
+            q += d * d;
+        }
+        q = BlockReduce(q, SumOp(), V(0));
+        const V var = C ? q / static_cast<V>(C) : V(0);
+        const V rstd = V(1) / Sqrt(var + static_cast<V>(eps));
+        T* yr = y + r * C;
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+            V v = (ToAcc(xr[j]) - mean) * rstd * ToAcc(w[j]);
+            if (!kRms) v += ToAcc(b[j]);
+            yr[j] = FromAcc<T>(v);
+        }
+        if (threadIdx.x == 0) {
+            if (!kRms) mean_out[r] = mean;
+            rstd_out[r] = rstd;
+        }
+    }
+}
+
+// dx per row (one block per row); mean is null for rmsnorm.
+template <bool kRms, typename T>
+__global__ void NormBackwardDxKernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                                     const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
+                                     T* __restrict__ dx, int64_t rows, int64_t C) {
+    using V = Acc<T>;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *gr = g + r * C, *xr = x + r * C;
+        const V mean = kRms ? V(0) : mean_in[r], rstd = rstd_in[r];
+        V sd = 0, sdx = 0;  // sums of dxhat and dxhat * xhat
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = ToAcc(gr[j]) * ToAcc(w[j]);
+            sd += d;
+            sdx += d * xh;
+        }
+        if (!kRms) sd = BlockReduce(sd, SumOp(), V(0));
+        sdx = BlockReduce(sdx, SumOp(), V(0));
+        const V mean_d = kRms ? V(0) : sd / static_cast<V>(C), mean_dx = sdx / static_cast<V>(C);
+        T* dr = dx + r * C;
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = ToAcc(gr[j]) * ToAcc(w[j]);
+            dr[j] = FromAcc<T>(rstd * (d - mean_d - xh * mean_dx));
+        }
+    }
+}
+
+// Thread t owns column c = t % C over rows [p * chunk, (p + 1) * chunk), p = t / C: partial[p][c] = sum of
+// grad * xhat and partial[P + p][c] = sum of grad (dbias; skipped for rmsnorm).
+template <bool kRms, typename T>
+__global__ void NormBackwardParamsKernel(const T* __restrict__ g, const T* __restrict__ x,
+                                         const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
+                                         double* __restrict__ partial, int64_t rows, int64_t C, int64_t P,
+                                         int64_t chunk) {
+    GPU_KERNEL_LOOP(t, P * C) {
+        const int64_t p = t / C, c = t % C;
+        const int64_t r0 = p * chunk, r1 = min(rows, r0 + chunk);
+        double sw = 0, sb = 0;
+        for (int64_t r = r0; r < r1; ++r) {
+            const double mean = kRms ? 0.0 : static_cast<double>(mean_in[r]);
+            const double gv = ToAcc(g[r * C + c]), xh = (ToAcc(x[r * C + c]) - mean) * rstd_in[r];
+            sw += gv * xh;
+            sb += gv;
+        }
+        partial[p * C + c] = sw;
+        if (!kRms) partial[(P + p) * C + c] = sb;
+    }
+}
+
+template <bool kRms, typename T>
+__global__ void NormBackwardCombineKernel(const double* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db,
+                                          int64_t C, int64_t P) {
+    GPU_KERNEL_LOOP(c, C) {
+        double sw = 0, sb = 0;
+        for (int64_t p = 0; p < P; ++p) {
+            sw += partial[p * C + c];
+            if (!kRms) sb += partial[(P + p) * C + c];
+        }
+        dw[c] = FromAcc<T>(static_cast<Acc<T>>(sw));
+        if (!kRms) db[c] = FromAcc<T>(static_cast<Acc<T>>(sb));
+    }
+}
+
+}  // namespace infinitrain::gpu

@@ -1,0 +1,142 @@
+// Op adapters for softmax, log_softmax, their backwards, layernorm, rmsnorm and their backwards (kernels in
+// norm.cuh).
+#include <algorithm>
+
+#include "backends/gpu/context.h"
+#include "backends/gpu/norm.cuh"
+#include "infinitrain/provider.h"
+
+namespace infinitrain::gpu {
+namespace {
+
+struct Layout {
+    int64_t outer, n, inner;
+};
+
+Layout SoftmaxLayout(const char* op, const Tensor& x, int64_t dim) {
+    const int64_t d = NormalizeDim(op, dim, x.dim());
+    Layout l{1, x.shape()[d], 1};
+    for (int64_t i = 0; i < d; ++i) l.outer *= x.shape()[i];
+    for (int64_t i = d + 1; i < x.dim(); ++i) l.inner *= x.shape()[i];
+    return l;
+}
+
+constexpr int64_t kGroupRowMax = 1024;  // rows up to this length get a 32-lane group, longer ones a block
+
+template <bool kLog>
+void SoftmaxForward(KernelContext& ctx, const char* op) {
+    const Tensor &x = ctx.in[0], &y = ctx.out[0];
+    const Layout l = SoftmaxLayout(op, x, ctx.i(0));
+    if (x.numel() == 0) return;
+    NativeStream_t s = NativeStream(ctx);
+    DispatchFloat(x.dtype(), op, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if (l.inner > 1) {
+            SoftmaxColsKernel<kLog, T>
+                <<<Blocks(l.outer * l.inner), kThreads, 0, s>>>(x.data<T>(), y.data<T>(), l.outer, l.n, l.inner);
+        } else if (l.n <= kGroupRowMax) {
+            SoftmaxRowsKernel<kLog, false, T>
+                <<<Blocks(l.outer, kThreads / kGroup), kThreads, 0, s>>>(x.data<T>(), y.data<T>(), l.outer, l.n);
+        } else {
+            SoftmaxRowsKernel<kLog, true, T>
+                <<<Blocks(l.outer, 1), RowBlockThreads(l.n), 0, s>>>(x.data<T>(), y.data<T>(), l.outer, l.n);
+        }
+    });
+    GPU_CHECK_LAUNCH(op);
+}
+
+template <bool kLog>
+void SoftmaxBackward(KernelContext& ctx, const char* op) {
+    const Tensor &y = ctx.in[0], &g = ctx.in[1], &dx = ctx.out[0];
+    const Layout l = SoftmaxLayout(op, y, ctx.i(0));
+    if (y.numel() == 0) return;
+    NativeStream_t s = NativeStream(ctx);
+    DispatchFloat(y.dtype(), op, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if (l.inner > 1) {
+            SoftmaxBackwardColsKernel<kLog, T><<<Blocks(l.outer * l.inner), kThreads, 0, s>>>(
+                y.data<T>(), g.data<T>(), dx.data<T>(), l.outer, l.n, l.inner);
+        } else if (l.n <= kGroupRowMax) {
+            SoftmaxBackwardRowsKernel<kLog, false, T><<<Blocks(l.outer, kThreads / kGroup), kThreads, 0, s>>>(
+                y.data<T>(), g.data<T>(), dx.data<T>(), l.outer, l.n);
+        } else {
+            SoftmaxBackwardRowsKernel<kLog, true, T><<<Blocks(l.outer, 1), RowBlockThreads(l.n), 0, s>>>(
+                y.data<T>(), g.data<T>(), dx.data<T>(), l.outer, l.n);
+        }
+    });
+    GPU_CHECK_LAUNCH(op);
+}
+
+void Softmax(KernelContext& ctx) { SoftmaxForward<false>(ctx, "softmax"); }
+void LogSoftmax(KernelContext& ctx) { SoftmaxForward<true>(ctx, "log_softmax"); }
+void SoftmaxBackwardOp(KernelContext& ctx) { SoftmaxBackward<false>(ctx, "softmax_backward"); }
+void LogSoftmaxBackward(KernelContext& ctx) { SoftmaxBackward<true>(ctx, "log_softmax_backward"); }
+
+// in: x, weight, [bias]; out: y, [mean,] rstd.
+template <bool kRms>
+void NormForward(KernelContext& ctx, const char* op) {
+    const Tensor &x = ctx.in[0], &w = ctx.in[1];
+    const Tensor* bias = kRms ? nullptr : &ctx.in[2];
+    const Tensor& rstd = ctx.out[kRms ? 1 : 2];
+    const int64_t C = x.size(-1), rows = rstd.numel();
+    if (rows == 0) return;
+    DispatchFloat(x.dtype(), op, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using S = Acc<T>;
+        NormForwardKernel<kRms, T><<<Blocks(rows, 1), RowBlockThreads(C), 0, NativeStream(ctx)>>>(
+            x.data<T>(), w.data<T>(), bias ? bias->data<T>() : nullptr, ctx.out[0].data<T>(),
+            kRms ? nullptr : ctx.out[1].data<S>(), rstd.data<S>(), rows, C, ctx.f(0));
+    });
+    GPU_CHECK_LAUNCH(op);
+}
+
+// in: grad, x, weight, [mean,] rstd; out: dx, dweight, [dbias].
+template <bool kRms>
+void NormBackward(KernelContext& ctx, const char* op) {
+    const Tensor &g = ctx.in[0], &x = ctx.in[1], &w = ctx.in[2];
+    const Tensor* mean = kRms ? nullptr : &ctx.in[3];
+    const Tensor& rstd = ctx.in[kRms ? 3 : 4];
+    const Tensor &dx = ctx.out[0], &dw = ctx.out[1];
+    const Tensor* db = kRms ? nullptr : &ctx.out[2];
+    const int64_t C = x.size(-1), rows = rstd.numel();
+    NativeStream_t s = NativeStream(ctx);
+    DispatchFloat(x.dtype(), op, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using S = Acc<T>;
+        const S* mp = mean ? mean->data<S>() : nullptr;
+        if (rows > 0 && C > 0) {
+            NormBackwardDxKernel<kRms, T><<<Blocks(rows, 1), RowBlockThreads(C), 0, s>>>(
+                g.data<T>(), x.data<T>(), w.data<T>(), mp, rstd.data<S>(), dx.data<T>(), rows, C);
+            GPU_CHECK_LAUNCH(op);
+        }
+        if (C == 0) return;
+        // Enough (column, row chunk) threads to fill the device, chunks of at least 32 rows; fixed for a shape.
+        const int64_t P = std::max<int64_t>(1, std::min((65536 + C - 1) / C, (rows + 31) / 32));
+        const int64_t chunk = std::max<int64_t>(1, (rows + P - 1) / P);
+        Tensor partial = Scratch(ctx, {(kRms ? 1 : 2) * P * C}, DataType::kFloat64);
+        NormBackwardParamsKernel<kRms, T><<<Blocks(P * C), kThreads, 0, s>>>(
+            g.data<T>(), x.data<T>(), mp, rstd.data<S>(), partial.data<double>(), rows, C, P, chunk);
+        GPU_CHECK_LAUNCH(op);
+        NormBackwardCombineKernel<kRms, T>
+            <<<Blocks(C), kThreads, 0, s>>>(partial.data<double>(), dw.data<T>(), db ? db->data<T>() : nullptr, C, P);
+        GPU_CHECK_LAUNCH(op);
+    });
+}
+
+void LayerNorm(KernelContext& ctx) { NormForward<false>(ctx, "layernorm"); }
+void RmsNorm(KernelContext& ctx) { NormForward<true>(ctx, "rmsnorm"); }
+void LayerNormBackward(KernelContext& ctx) { NormBackward<false>(ctx, "layernorm_backward"); }
+void RmsNormBackward(KernelContext& ctx) { NormBackward<true>(ctx, "rmsnorm_backward"); }
+
+}  // namespace
+
+REGISTER_PROVIDER_KERNEL(kProviderName, "softmax", Softmax);
+REGISTER_PROVIDER_KERNEL(kProviderName, "log_softmax", LogSoftmax);
+REGISTER_PROVIDER_KERNEL(kProviderName, "softmax_backward", SoftmaxBackwardOp);
+REGISTER_PROVIDER_KERNEL(kProviderName, "log_softmax_backward", LogSoftmaxBackward);
+REGISTER_PROVIDER_KERNEL(kProviderName, "layernorm", LayerNorm);
+REGISTER_PROVIDER_KERNEL(kProviderName, "rmsnorm", RmsNorm);
+REGISTER_PROVIDER_KERNEL(kProviderName, "layernorm_backward", LayerNormBackward);
+REGISTER_PROVIDER_KERNEL(kProviderName, "rmsnorm_backward", RmsNormBackward);
+
+}  // namespace infinitrain::gpu
