@@ -164,7 +164,7 @@ def test_target_module_errors_and_patterns():
 
 @pytest.mark.parametrize("name", registry.MODEL_NAMES)
 def test_registry_lora_defaults_cover_each_model(name):
-    model = registry.build_model(name, V, T, n_layer=1, n_head=2, n_embd=16, n_kv_head=1, num_experts=2)
+    model = registry.build_model(name, V, T, n_layer=1, n_head=2, n_embd=16, n_kv_head=1, num_experts=2, device=DEVICE)
     cls = {"gpt2": GPT2, "llama3": LLaMA3, "mixtral": Mixtral, "qwen3": Qwen3}[name]
     assert isinstance(model, cls)
     every = registry.setup_lora(model, name, 0)
@@ -183,7 +183,7 @@ def test_registry_builds_from_config_json_and_init_from(tmp_path):
     m.save_pretrained(tmp_path / "mx")
     cfg = registry.build_model("mixtral", V, T, config_json=str(tmp_path / "mx" / "config.json")).config
     assert cfg == m.config
-    loaded = registry.build_model("mixtral", V, T, init_from=str(tmp_path / "mx"))
+    loaded = registry.build_model("mixtral", V, T, init_from=str(tmp_path / "mx"), device=DEVICE)
     for (n, a), (_, b) in zip(m.named_parameters(), loaded.named_parameters(), strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=n)
     with pytest.raises(ValueError, match="holds a mixtral checkpoint, but --model=qwen3"):
