@@ -159,6 +159,19 @@ def setup_lora(model, name, rank, alpha=16.0, target_modules="", dropout=0.0):
 
 # ---- absl flags (the CLI's) ----
 
+# The flags define_flags adds that shape a run: the CLI's resume check must compare them too.
+RUN_FLAGS = (
+    "config_json",
+    "init_from",
+    "intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "lora_rank",
+    "lora_alpha",
+    "lora_target_modules",
+    "lora_dropout",
+)
+
 
 def define_flags(flag_values=None):
     """Declares the flags these helpers read (the CLI keeps --model, sizes, --device, ...)."""
