@@ -213,7 +213,9 @@ def test_cli_flags_drive_the_helpers_and_checkpoints_resume(tmp_path):
     flags.DEFINE_enum("model", "gpt2", list(registry.MODEL_NAMES), "", flag_values=fv)
     for name, default in [("sequence_length", T), ("n_layer", 1), ("n_head", 2), ("n_kv_head", 1), ("n_embd", 16)]:
         flags.DEFINE_integer(name, default, "", flag_values=fv)
+    before = set(fv)
     registry.define_flags(fv)
+    assert set(fv) - before == set(registry.RUN_FLAGS)  # every new flag is checked on resume
     fv(["train", "--model=mixtral", "--num_experts=4", "--lora_rank=2", "--lora_target_modules=q_proj,experts.*"])
 
     def setup():
