@@ -45,20 +45,30 @@ def test_pin_memory_needs_a_cpu_tensor():
 
 @needs_async
 def test_non_blocking_copy_from_pinned_memory_reads_when_it_runs():
-    """A non-blocking copy reads pinned memory when the stream gets to it; a blocking one before returning."""
+    """A non-blocking copy reads pinned memory when the stream gets to it; a blocking one before returning.
+    The stream is held up by work long enough that the host writes before the copy runs (checked with an
+    event; the work doubles until it is, since devices differ in speed)."""
     s = runtime.Stream(DEV)
     first, second = np.full(1000, 1.0), np.full(1000, 2.0)
     src = it.from_numpy(first, pin_memory=True)
     host = src._t.host_array()
-    with runtime.stream(s):
-        keep = _busy(s)
-        late = src.to(DEV, non_blocking=True)  # waits behind the matmuls
+    for n in (192, 512, 1024, 2048, 4096):
+        host[:] = first.view(host.dtype)
+        before_copy = runtime.Event(DEV)
+        with runtime.stream(s):
+            keep = _busy(s, n=n)
+            before_copy.record()
+            late = src.to(DEV, non_blocking=True)  # queued behind the matmuls
+        busy = not before_copy.query()
         host[:] = second.view(host.dtype)
         s.synchronize()
+        if busy:
+            break
+    assert busy, "the device finished the held-up work before the host wrote: make _busy longer"
     np.testing.assert_array_equal(late.numpy(), second)  # it read the new values
     host[:] = first.view(host.dtype)
     with runtime.stream(s):
-        keep = _busy(s)
+        keep = _busy(s, n=n)
         done = src.to(DEV)  # blocking: finished before returning
         host[:] = second.view(host.dtype)
     s.synchronize()
@@ -99,7 +109,7 @@ def test_device_loader_reuses_host_buffers_only_after_their_copies():
     copy has not run, or an earlier batch would arrive with later data."""
     batches = _batches(9, (8, 32), 2)
     loader = DeviceLoader(iter(batches), DEV, depth=2)
-    keep = _busy(loader.copy_stream, k=40)  # the copies queue behind this
+    keep = _busy(loader.copy_stream, n=192 if DEV.startswith("sim") else 2048, k=40)  # the copies queue behind
     got = [y for _, y in loader]
     for y, (_, b) in zip(got, batches, strict=True):
         np.testing.assert_array_equal((y * 1.0).numpy(), b)

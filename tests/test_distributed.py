@@ -382,8 +382,16 @@ def test_send_recv_ring(n, threads, dtype):
 
         return go
 
+    def grouped(fn):
+        # One thread per rank: each rank groups its own send and recv, as NCCL-like libraries need.
+        def go():
+            with dist.group():
+                fn()
+
+        return go
+
     if threads:
-        run_threads([rank(r) for r in range(n)])
+        run_threads([grouped(rank(r)) for r in range(n)])
     else:
         with dist.group():
             for r in range(n):

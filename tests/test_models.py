@@ -28,14 +28,15 @@ def tiny(kind, device=DEVICE):
     return LLaMA3(cfg, device)
 
 
-def train(kind, steps, data, seed=3, dtype="float32", device=DEVICE):
+def train(kind, steps, data, seed=3, dtype="float32", device=DEVICE, lr=1e-2):
     it.manual_seed(seed)
     model = tiny(kind, device)
     params = list(model.parameters())
     if kind == "qwen3_lora":  # LoRA on a base model: adapters only in the optimizer
         lora.apply_lora(model, "q_proj,v_proj,gate_proj,down_proj", rank=4, alpha=8.0, dropout=0.1)
         params = lora.trainable_parameters(model)
-    opt = it.optim.AdamW(params, lr=1e-2 if kind != "qwen3_lora" else 3e-2, weight_decay=0.0)
+        lr *= 3  # adapters alone move a random base slowly
+    opt = it.optim.AdamW(params, lr=lr, weight_decay=0.0)
     x, y = it.from_numpy(data[:, :-1], device=device), it.from_numpy(data[:, 1:], device=device)
     losses = []
     for _ in range(steps):
@@ -74,9 +75,11 @@ def test_loss_falls_in_20_steps(kind, dtype):
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
 def test_loss_curve_matches_cpu(kind, dtype, tol):
     """The bar for every provider: a tiny model's loss curve on a device matches the CPU curve step by step."""
+    # lr 3e-3 descends smoothly; at 1e-2 GPT-2 has loss spikes, which amplify bfloat16 rounding
+    # differences between devices (a different GEMM summation order) past any fixed tolerance.
     data = batch()
-    _, on_device = train(kind, 10, data, dtype=dtype)
-    _, on_cpu = train(kind, 10, data, dtype=dtype, device="cpu")
+    _, on_device = train(kind, 10, data, dtype=dtype, lr=3e-3)
+    _, on_cpu = train(kind, 10, data, dtype=dtype, device="cpu", lr=3e-3)
     np.testing.assert_allclose(on_device, on_cpu, rtol=0, atol=tol)
 
 

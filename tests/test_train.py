@@ -111,6 +111,7 @@ def test_bad_flags_fail_clearly(flags, message, corpus):
 
 
 @pytest.mark.skipif(not _C.has_ccl(DEVICE), reason="data parallelism needs a device type with a CCL")
+@pytest.mark.skipif(_C.device_count(DEVICE.split(":")[0]) < 2, reason="needs two devices")
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])
 def test_data_parallel_matches_one_device(model, corpus):
     kind = _C.parse_device(DEVICE).split(":")[0]

@@ -30,10 +30,22 @@ inline void CheckVendor(cudaError_t e, const char* what) {
 }
 
 // Raises when the last kernel launch on this thread failed (bad configuration, no kernel image for the device).
+// INFINITRAIN_CUDA_SYNC=1 waits for every kernel as it is launched, so a fault names its op (slow: for debugging).
+inline bool SyncEveryLaunch() {
+    static const bool on = [] {
+        const char* e = std::getenv("INFINITRAIN_CUDA_SYNC");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
 inline void CheckLaunch(const char* op) {
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) {
         throw std::runtime_error(std::string(op) + ": CUDA kernel launch failed: " + cudaGetErrorString(e));
+    }
+    if (SyncEveryLaunch() && (e = cudaDeviceSynchronize()) != cudaSuccess) {
+        throw std::runtime_error(std::string(op) + ": CUDA kernel failed: " + cudaGetErrorString(e));
     }
 }
 

@@ -17,6 +17,12 @@ struct CommHandle {
     std::unique_ptr<Communicator> comm;
 };
 
+// Inside a group a CCL may enqueue the calls only at GroupEnd (NCCL does), so the buffers of the calls made
+// since GroupStart are kept alive until then: freed earlier, their memory could be handed to work enqueued
+// before the deferred collectives.
+thread_local int t_group_depth = 0;
+thread_local std::vector<std::shared_ptr<Storage>> t_group_buffers;
+
 // Collective buffers: on the communicator's device, one dtype, the element counts the collective
 // needs. Returns the stream the collective runs on, with every buffer marked as used there.
 Stream Prepare(const CommHandle& c, const std::vector<Tensor>& ts, int64_t want, int64_t got) {
@@ -32,7 +38,10 @@ Stream Prepare(const CommHandle& c, const std::vector<Tensor>& ts, int64_t want,
                                     " elements, got " + std::to_string(got));
     }
     Stream stream = CurrentStream(c.comm->device());
-    for (const Tensor& t : ts) t.storage()->RecordStream(stream);
+    for (const Tensor& t : ts) {
+        t.storage()->RecordStream(stream);
+        if (t_group_depth > 0) t_group_buffers.push_back(t.storage());
+    }
     return stream;
 }
 
@@ -135,10 +144,18 @@ void BindCollectives(py::module_& m) {
         }
         return std::make_shared<CommHandle>(CommHandle{std::move(comm)});
     });
-    m.def("ccl_group_start", [](const std::string& type) { GetCcl(Dev(type).type).GroupStart(); });
+    m.def("ccl_group_start", [](const std::string& type) {
+        GetCcl(Dev(type).type).GroupStart();
+        t_group_depth += 1;
+    });
     m.def("ccl_group_end", [](const std::string& type) {
-        py::gil_scoped_release release;
-        GetCcl(Dev(type).type).GroupEnd();
+        CclBackend& ccl = GetCcl(Dev(type).type);
+        t_group_depth = std::max(0, t_group_depth - 1);
+        {
+            py::gil_scoped_release release;
+            ccl.GroupEnd();
+        }
+        if (t_group_depth == 0) t_group_buffers.clear();  // the collectives are enqueued now
     });
     m.def("has_ccl", [](const std::string& type) { return HasCcl(Dev(type).type); });
 }

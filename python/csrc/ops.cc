@@ -3,6 +3,10 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <new>
+#include <string>
+
+#include "infinitrain/allocator.h"
 #include "infinitrain/op.h"
 #include "python/csrc/bindings.h"
 
@@ -13,6 +17,33 @@ py::list ToList(std::vector<Tensor> out) {
     py::list l(out.size());
     for (size_t i = 0; i < out.size(); ++i) l[i] = py::cast(std::move(out[i]));
     return l;
+}
+
+// Out of memory inside an op (an output from the allocator, or a kernel's own scratch as std::bad_alloc) raises
+// OutOfMemoryError (a MemoryError) that names the op and, for a bare std::bad_alloc, its outputs' sizes.
+std::vector<Tensor> CallNamingOom(const Op& op, const std::vector<Tensor>& in, const Attrs& attrs) {
+    const std::string name = op.name();
+    try {
+        return op.Call(in, attrs);
+    } catch (const OutOfMemoryError& e) {
+        std::string what = e.what();
+        if (what.rfind(name + ":", 0) == 0) throw;
+        throw OutOfMemoryError(name + ": " + what);
+    } catch (const std::bad_alloc& e) {
+        std::string what = e.what();
+        if (what.rfind(name + ":", 0) == 0) throw OutOfMemoryError(what);  // a kernel already said what
+        std::string outs;
+        try {
+            for (const TensorMeta& m : op.Meta(in, attrs)) {
+                double bytes = static_cast<double>(DataTypeSize(m.dtype));
+                for (int64_t d : m.shape) bytes *= static_cast<double>(d);
+                outs += (outs.empty() ? " with outputs " : ", ") + std::string(DataTypeName(m.dtype)) +
+                        ShapeToString(m.shape) + " (" + std::to_string(static_cast<long long>(bytes)) + " bytes)";
+            }
+        } catch (...) {  // the sizes are best effort; the error still comes
+        }
+        throw OutOfMemoryError(name + ": out of memory (" + what + ")" + outs);
+    }
 }
 
 const char* TierName(OpTier t) {
@@ -93,8 +124,8 @@ CompositeFn PythonComposite(py::function fn) {
 void BindOps(py::module_& m) {
     py::class_<Op, std::unique_ptr<Op, py::nodelete>>(m, "Op")
         .def_property_readonly("name", [](const Op& op) { return std::string(op.name()); })
-        .def("__call__",
-             [](const Op& op, const std::vector<Tensor>& in, const Attrs& attrs) { return ToList(op.Call(in, attrs)); })
+        .def("__call__", [](const Op& op, const std::vector<Tensor>& in,
+                            const Attrs& attrs) { return ToList(CallNamingOom(op, in, attrs)); })
         .def("call_composite", [](const Op& op, const std::vector<Tensor>& in,
                                   const Attrs& attrs) { return ToList(op.CallComposite(in, attrs)); })
         .def("meta",

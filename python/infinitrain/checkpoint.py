@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 import tempfile
@@ -157,11 +158,17 @@ def _truncated(path: str, why: str) -> ValueError:
     return ValueError(f"{path}: checkpoint is truncated: {why}")
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def load(path: str | os.PathLike) -> tuple[dict, dict]:
     """Reads a checkpoint written by save(); returns (tensors, meta) after verifying structure and checksum."""
     path = os.fspath(path)
-    size = os.path.getsize(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not a checkpoint")
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
         buf = bytearray(size)
         if f.readinto(buf) != size:
             raise _truncated(path, "file shrank while reading")
@@ -186,21 +193,33 @@ def load(path: str | os.PathLike) -> tuple[dict, dict]:
     try:
         header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + header_len]).decode("utf-8"))
         meta, entries = header["meta"], header["tensors"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise _corrupt(path, f"unreadable JSON header ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
+        raise _corrupt(path, f"unreadable JSON header ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(meta, dict) or not isinstance(entries, list):
+        raise _corrupt(path, "the JSON header's meta must be an object and its tensors a list")
     tensors = {}
     for entry in entries:
         try:
             name, dtype_str = entry["name"], entry["dtype"]
-            shape, offset, nbytes = tuple(int(d) for d in entry["shape"]), int(entry["offset"]), int(entry["nbytes"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise _corrupt(path, f"bad tensor entry {entry!r} ({e})") from None
+            shape, offset, nbytes = entry["shape"], entry["offset"], entry["nbytes"]
+        except (KeyError, TypeError) as e:
+            raise _corrupt(path, f"bad tensor entry {str(entry)[:200]} (missing {e})") from None
+        # Exact ints only: int() would turn a shape of 2.5 into 2 and accept it.
+        if not isinstance(name, str) or not isinstance(dtype_str, str) or not isinstance(shape, list):
+            raise _corrupt(path, f"bad tensor entry {str(entry)[:200]} (name, dtype and shape must be str, str, list)")
+        if not all(_is_int(v) for v in (*shape, offset, nbytes)):
+            raise _corrupt(path, f"tensor {name!r}: shape, offset and nbytes must be integers, got {str(entry)[:200]}")
+        shape = tuple(shape)
+        if len(shape) > 32:
+            raise _corrupt(path, f"tensor {name!r} has {len(shape)} dimensions (at most 32)")
+        if offset % ALIGN:
+            raise _corrupt(path, f"tensor {name!r}: offset {offset} is not a multiple of {ALIGN}")
         if dtype_str not in SUPPORTED_DTYPES:
             raise _corrupt(path, f"tensor {name!r} has unsupported dtype {dtype_str!r}")
         if name in tensors:
             raise _corrupt(path, f"tensor {name!r} appears twice")
         dtype = np.dtype(dtype_str)
-        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != nbytes:
+        if any(d < 0 for d in shape) or math.prod(shape) * dtype.itemsize != nbytes:
             raise _corrupt(path, f"tensor {name!r}: shape {list(shape)} of {dtype_str} does not make {nbytes} bytes")
         if offset < 0 or offset + nbytes > data_size:
             raise _corrupt(path, f"tensor {name!r}: bytes [{offset}, {offset + nbytes}) overrun the data section")
@@ -236,11 +255,11 @@ def _dtype_kind(dtype) -> str:
     raise ValueError(f"llm.c model dtype must be float32 or 'bfloat16', got {dtype!r}")
 
 
-def _header_bits(header_words) -> np.ndarray:
+def _header_bits(header_words, n_words=LLMC_HEADER_WORDS) -> np.ndarray:
     words = list(header_words)
-    if len(words) > LLMC_HEADER_WORDS:
-        raise ValueError(f"llm.c header holds {LLMC_HEADER_WORDS} words, got {len(words)}")
-    header = np.zeros(LLMC_HEADER_WORDS, dtype="<u4")
+    if len(words) > n_words:
+        raise ValueError(f"llm.c header holds {n_words} words, got {len(words)}")
+    header = np.zeros(n_words, dtype="<u4")
     for i, w in enumerate(words):
         if isinstance(w, (float, np.floating)):
             header[i] = np.array([w], dtype="<f4").view("<u4")[0]
@@ -252,14 +271,18 @@ def _header_bits(header_words) -> np.ndarray:
     return header
 
 
-def write_llmc_model(path: str | os.PathLike, header_words, params, dtype=np.float32) -> None:
-    """Writes an llm.c model file: 256 int32 header words (floats as float32 bits), then all params in order.
+def write_llmc_model(path: str | os.PathLike, header_words, params, dtype=np.float32, header_size_words=None) -> None:
+    """Writes an llm.c model file: the header (int32 words, floats as float32 bits), then all params in order.
 
     dtype: np.float32, or "bfloat16" for llm.c's bf16 files. The header (magic, version, config) is the
-    caller's; nothing is filled in here.
+    caller's; nothing is filled in here. header_size_words: 256 (default) or 512 (llm.c's LLaMA 3 layout:
+    256 int32 words, then 256 float32 words).
     """
     kind = _dtype_kind(dtype)
-    header = _header_bits(header_words)
+    n_words = header_size_words or LLMC_HEADER_WORDS
+    if n_words not in (LLMC_HEADER_WORDS, 2 * LLMC_HEADER_WORDS):
+        raise ValueError(f"header_size_words must be 256 or 512, got {n_words}")
+    header = _header_bits(header_words, n_words)
     flat = [np.ascontiguousarray(p, dtype=np.float32).reshape(-1) for p in params]
 
     def write(f):
@@ -275,56 +298,78 @@ def _magic_name(magic: int) -> str:
     return f"{magic} ({name})" if name else str(magic)
 
 
+def _read_exactly(f, n: int, path: str, what: str) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise ValueError(f"{path}: truncated while reading {what}: expected {n} bytes, got {len(data)} (file changed?)")
+    return data
+
+
 def read_llmc_model(
-    path: str | os.PathLike, expected_magic: int, count_fn: Callable, dtype=None
+    path: str | os.PathLike, expected_magic: int, count_fn: Callable, dtype=None, header_words_fn=None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Reads an llm.c model file; returns (header as 256 int32, all params as one flat float32 array).
+    """Reads an llm.c model file; returns (header as int32 words, all params as one flat float32 array).
 
     count_fn(header) gives the number of parameters the header implies; the file must hold exactly that many.
+    A ValueError it raises (an invalid config field) is reported with the file's name.
     dtype: None infers it from header[1] (3: float32, 5: bf16); otherwise np.float32 or "bfloat16".
+    header_words_fn(first 256 words): the header's length in words (256 or 512), for formats with two layouts.
     """
     path = os.fspath(path)
-    size = os.path.getsize(path)
-    if size < LLMC_HEADER_BYTES:
-        raise ValueError(
-            f"{path}: truncated llm.c model file: {size} bytes is shorter than the {LLMC_HEADER_BYTES}-byte header"
-        )
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a directory, not an llm.c model file")
+    name = _LLMC_MAGIC_NAMES.get(expected_magic, "llm.c")
     with open(path, "rb") as f:
-        header = np.frombuffer(f.read(LLMC_HEADER_BYTES), dtype="<i4").astype(np.int32)
-    magic = int(header[0])
-    if magic != expected_magic:
-        raise ValueError(f"{path}: expected magic {_magic_name(expected_magic)}, got {_magic_name(magic)}")
-    if dtype is None:
-        version = int(header[1])
-        if version == LLMC_VERSION_FP32:
-            kind = "f32"
-        elif version == LLMC_VERSION_BF16:
-            kind = "bf16"
-        else:
+        size = os.fstat(f.fileno()).st_size
+        if size < LLMC_HEADER_BYTES:
             raise ValueError(
-                f"{path}: unknown llm.c model version {version}; expected {LLMC_VERSION_FP32} (float32) "
-                f"or {LLMC_VERSION_BF16} (bf16), or pass dtype"
+                f"{path}: truncated llm.c model file: {size} bytes is shorter than the {LLMC_HEADER_BYTES}-byte header"
             )
-    else:
-        kind = _dtype_kind(dtype)
-    itemsize = 4 if kind == "f32" else 2
-    count = int(count_fn(header))
-    if count < 0:
-        raise ValueError(f"{path}: count_fn gave a negative parameter count {count}")
-    expected = count * itemsize
-    found = size - LLMC_HEADER_BYTES
-    if found < expected:
-        raise ValueError(
-            f"{path}: truncated: the header implies {count} parameters ({expected} bytes), found {found} bytes"
-        )
-    if found > expected:
-        raise ValueError(
-            f"{path}: the header implies {count} parameters ({expected} bytes), found {found} bytes "
-            f"({found - expected} extra; wrong config or dtype?)"
-        )
-    with open(path, "rb") as f:
-        f.seek(LLMC_HEADER_BYTES)
-        raw = f.read(expected)
+        header = np.frombuffer(_read_exactly(f, LLMC_HEADER_BYTES, path, "the header"), dtype="<i4").astype(np.int32)
+        magic = int(header[0])
+        if magic != expected_magic:
+            raise ValueError(f"{path}: expected magic {_magic_name(expected_magic)}, got {_magic_name(magic)}")
+        n_words = LLMC_HEADER_WORDS if header_words_fn is None else int(header_words_fn(header))
+        header_bytes = n_words * 4
+        if n_words > LLMC_HEADER_WORDS:
+            if size < header_bytes:
+                raise ValueError(
+                    f"{path}: truncated llm.c model file: {size} bytes is shorter than its {header_bytes}-byte header"
+                )
+            rest = _read_exactly(f, header_bytes - LLMC_HEADER_BYTES, path, "the header")
+            header = np.concatenate([header, np.frombuffer(rest, dtype="<i4").astype(np.int32)])
+        if dtype is None:
+            version = int(header[1])
+            if version == LLMC_VERSION_FP32:
+                kind = "f32"
+            elif version == LLMC_VERSION_BF16:
+                kind = "bf16"
+            else:
+                raise ValueError(
+                    f"{path}: unknown llm.c model version {version} in header field version; expected "
+                    f"{LLMC_VERSION_FP32} (float32) or {LLMC_VERSION_BF16} (bf16), or pass dtype"
+                )
+        else:
+            kind = _dtype_kind(dtype)
+        itemsize = 4 if kind == "f32" else 2
+        try:
+            count = int(count_fn(header))
+        except (ValueError, ArithmeticError) as e:
+            raise ValueError(f"{path}: invalid {name} model header: {e}") from None
+        if count < 0:
+            raise ValueError(f"{path}: count_fn gave a negative parameter count {count}")
+        expected = count * itemsize
+        found = size - header_bytes
+        if found < expected:
+            raise ValueError(
+                f"{path}: truncated: the header implies {count} parameters ({expected} bytes), found {found} bytes"
+            )
+        if found > expected:
+            raise ValueError(
+                f"{path}: the header implies {count} parameters ({expected} bytes), found {found} bytes "
+                f"({found - expected} extra; wrong config or dtype?)"
+            )
+        raw = _read_exactly(f, expected, path, "the parameters")
     if kind == "f32":
         flat = np.frombuffer(raw, dtype="<f4").astype(np.float32)
     else:

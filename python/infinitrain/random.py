@@ -2,14 +2,22 @@
 uses (seed, offset + i), so a generator's whole state is two integers and the
 same seed gives the same numbers on every device and thread count."""
 
+# Kernels take the seed and offset as int64 attributes.
+MAX_SEED = 2**63
+
+
+def _check_seed(seed):
+    # Checked here: a bad seed would otherwise fail later, at the next random op.
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < MAX_SEED:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+
 
 class Generator:
     def __init__(self, seed=0):
         self.manual_seed(seed)
 
     def manual_seed(self, seed):
-        if not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        _check_seed(seed)
         self.seed = seed
         self.offset = 0
         return self
@@ -24,8 +32,11 @@ class Generator:
         return {"seed": self.seed, "offset": self.offset}
 
     def set_state(self, state):
-        self.seed = int(state["seed"])
-        self.offset = int(state["offset"])
+        seed, offset = state["seed"], state["offset"]
+        _check_seed(seed)
+        if not isinstance(offset, int) or isinstance(offset, bool) or not 0 <= offset < MAX_SEED:
+            raise ValueError(f"generator offset must be an int in [0, 2**63), got {offset!r}")
+        self.seed, self.offset = seed, offset
 
 
 default_generator = Generator(0)

@@ -14,6 +14,16 @@ def backward(self, grad=None, retain_graph=False):
     autograd.backward(self, grad, retain_graph)
 
 
+def _device_name(device):
+    """to()'s argument that is not a dtype: a device, or an error naming both kinds ("float128" is neither)."""
+    try:
+        return runtime.parse_device(device)
+    except ValueError as e:
+        if isinstance(device, str) and ":" not in device:
+            raise ValueError(f"to: {device!r} is neither a dtype ({', '.join(DTYPES)}) nor a device ({e})") from None
+        raise
+
+
 def to(self, *args, dtype=None, device=None, non_blocking=False):
     """to(device), to(dtype) or both, as positional or keyword arguments."""
     for a in args:
@@ -24,7 +34,7 @@ def to(self, *args, dtype=None, device=None, non_blocking=False):
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     out = self
-    if device is not None and runtime.parse_device(device) != self.device:
+    if device is not None and _device_name(device) != self.device:
         out = F.to_device(out, device, non_blocking)
     if dtype is not None and dtype != out.dtype:
         out = F.cast(out, dtype)
@@ -72,6 +82,9 @@ def permute(self, *dims):
 
 def transpose(self, a, b):
     dims = list(range(self.ndim))
+    for d in (a, b):
+        if not -self.ndim <= d < self.ndim:
+            raise IndexError(f"transpose: dim {d} out of range for a {self.ndim}-d tensor")
     dims[a], dims[b] = dims[b], dims[a]
     return F.permute(self, dims)
 

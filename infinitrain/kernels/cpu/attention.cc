@@ -11,10 +11,14 @@
 //     dk, dv sum over the query heads that share a kv head.
 // The [T, S] products run on OpenBLAS in float32 (float64 for float64 inputs); bfloat16 heads are widened to
 // float32 scratch. Work splits over (b, h) forward and over (b, kv head) backward, so each thread owns the dk, dv
-// it accumulates; OpenBLAS runs single-threaded inside those parallel loops.
+// it accumulates; OpenBLAS runs single-threaded inside those parallel loops. Per-thread scratch is allocated before
+// the loop, so running out of memory raises MemoryError naming the op (never inside an OpenMP region).
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -57,42 +61,70 @@ void RopeKernel(KernelContext& ctx) {
 
 // ---- sdpa -------------------------------------------------------------------
 
-// Runs fn(item) for item in [0, n): across OpenMP threads when there is an item per
-// thread, else serially with Gemm splitting each product's rows.
-template <typename F>
-void ForEachHead(int64_t n, int64_t work_per_item, F&& fn) {
-    int64_t nt = omp_get_max_threads();
-    if (nt == 1 || n < nt || n * work_per_item < (1 << 16)) {
-        for (int64_t i = 0; i < n; ++i) fn(i);
-        return;
-    }
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) fn(i);
-}
-
-// A [rows, D] block in the compute type: the tensor's memory itself for float32/float64, a widened copy for bf16.
-template <typename T, typename C>
-const C* Widen(const T* p, int64_t n, std::vector<C>& buf) {
-    if constexpr (std::is_same_v<T, C>) {
-        return p;
-    } else {
-        buf.resize(n);
-        for (int64_t i = 0; i < n; ++i) buf[i] = Load(p + i);
-        return buf.data();
-    }
-}
-
-template <typename T, typename C>
-void StoreBlock(T* dst, const C* src, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) Store(dst + i, src[i]);
-}
-
 struct SdpaDims {
     int64_t B, Hq, Hkv, T, S, D;
 };
 
 SdpaDims GetDims(const Tensor& q, const Tensor& k) {
     return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
+}
+
+// Threads for n items of work_per_item each: one per item when there are enough items, else 1 (serially,
+// with Gemm splitting each product's rows).
+int HeadThreads(int64_t n, int64_t work_per_item) {
+    int64_t nt = omp_get_max_threads();
+    if (nt == 1 || n < nt || n * work_per_item < (1 << 16)) return 1;
+    return static_cast<int>(nt);
+}
+
+// Runs fn(item, worker) for item in [0, n) on `threads` threads; worker (< threads) picks the thread's scratch.
+// Exceptions are carried out of the region and rethrown here.
+template <typename F>
+void ForEachHead(int64_t n, int threads, F&& fn) {
+    if (threads == 1) {
+        for (int64_t i = 0; i < n; ++i) fn(i, 0);
+        return;
+    }
+    RegionError error;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t i = 0; i < n; ++i) error.Run([&] { fn(i, omp_get_thread_num()); });
+    error.Rethrow();
+}
+
+uint64_t MulSat(uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; }
+
+// Per-thread scratch of `per` elements, allocated before the parallel region. When `threads` copies do not
+// fit, one thread runs with one copy; if even that fails, OutOfMemory names the op and the score matrix.
+template <typename C>
+C* HeadScratch(const char* op, const SdpaDims& d, uint64_t per, int* threads, Scratch<C>& s) {
+    if (*threads > 1) {
+        try {
+            s.Allocate(op, "", MulSat(per, *threads));
+            return s.get();
+        } catch (const std::bad_alloc&) {
+            *threads = 1;
+        }
+    }
+    s.Allocate(op,
+               "the [T, S] = [" + std::to_string(d.T) + ", " + std::to_string(d.S) + "] attention scores of one head",
+               per);
+    return s.get();
+}
+
+// A [rows, D] block in the compute type: the tensor's memory itself for float32/float64, else widened into buf.
+template <typename T, typename C>
+const C* Widen(const T* p, int64_t n, C* buf) {
+    if constexpr (std::is_same_v<T, C>) {
+        return p;
+    } else {
+        for (int64_t i = 0; i < n; ++i) buf[i] = Load(p + i);
+        return buf;
+    }
+}
+
+template <typename T, typename C>
+void StoreBlock(T* dst, const C* src, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) Store(dst + i, src[i]);
 }
 
 void CheckBlas(const char* op, const SdpaDims& d) {
@@ -119,23 +151,31 @@ void SdpaForward(KernelContext& ctx) {
     const T *qp = q.data<T>(), *kp = k.data<T>(), *vp = v.data<T>();
     T* op = out.data<T>();
     C* lp = lse_t.data<C>();
-    ForEachHead(d.B * d.Hq, d.T * d.S * d.D * 4, [&](int64_t bh) {
+    constexpr bool kWiden = !std::is_same_v<T, C>;
+    const uint64_t ts = d.T * d.S, td = d.T * d.D, sd = d.S * d.D;
+    int threads = HeadThreads(d.B * d.Hq, d.T * d.S * d.D * 4);
+    // Per thread: the scores, plus widened q, k, v and the output for bfloat16/float16.
+    const uint64_t per = ts + (kWiden ? 2 * td + 2 * sd : 0);
+    Scratch<C> scratch;
+    C* base = d.S ? HeadScratch<C>("sdpa", d, per, &threads, scratch) : nullptr;
+    ForEachHead(d.B * d.Hq, threads, [&](int64_t bh, int worker) {
         int64_t b = bh / d.Hq, h = bh % d.Hq, kvh = b * d.Hkv + h / group;
-        const T* qh = qp + bh * d.T * d.D;
-        T* oh = op + bh * d.T * d.D;
+        const T* qh = qp + bh * td;
+        T* oh = op + bh * td;
         C* lh = lp + bh * d.T;
         if (d.S == 0) {  // nothing to attend to: zero output, lse = log(0)
-            for (int64_t i = 0; i < d.T * d.D; ++i) Store(oh + i, C(0));
+            for (uint64_t i = 0; i < td; ++i) Store(oh + i, C(0));
             for (int64_t t = 0; t < d.T; ++t) lh[t] = -INFINITY;
             return;
         }
-        std::vector<C> qb, kb, vb, ob, sc(d.T * d.S);
-        const C* qc = Widen(qh, d.T * d.D, qb);
-        const C* kc = Widen(kp + kvh * d.S * d.D, d.S * d.D, kb);
-        const C* vc = Widen(vp + kvh * d.S * d.D, d.S * d.D, vb);
-        Scores<C>(d, qc, kc, scale, sc.data());
+        C* sc = base + worker * per;
+        C *qb = sc + ts, *kb = qb + td, *vb = kb + sd, *ob = vb + sd;
+        const C* qc = Widen(qh, td, qb);
+        const C* kc = Widen(kp + kvh * sd, sd, kb);
+        const C* vc = Widen(vp + kvh * sd, sd, vb);
+        Scores<C>(d, qc, kc, scale, sc);
         for (int64_t t = 0; t < d.T; ++t) {
-            C* row = sc.data() + t * d.S;
+            C* row = sc + t * d.S;
             int64_t n = causal ? t + 1 : d.S;
             C mx = -INFINITY;
             for (int64_t s = 0; s < n; ++s) mx = std::fmax(mx, row[s]);
@@ -149,12 +189,11 @@ void SdpaForward(KernelContext& ctx) {
             for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
             lh[t] = static_cast<C>(mx + std::log(sum));
         }
-        if constexpr (std::is_same_v<T, C>) {
-            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc.data(), vc, C(0), oh);
+        if constexpr (!kWiden) {
+            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc, vc, C(0), oh);
         } else {
-            ob.resize(d.T * d.D);
-            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc.data(), vc, C(0), ob.data());
-            StoreBlock(oh, ob.data(), d.T * d.D);
+            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc, vc, C(0), ob);
+            StoreBlock(oh, ob, td);
         }
     });
 }
@@ -211,12 +250,20 @@ void SdpaBackward(KernelContext& ctx) {
     const T *gp = g.data<T>(), *qp = q.data<T>(), *kp = k.data<T>(), *vp = v.data<T>(), *op = o.data<T>();
     const C* lp = lse_t.data<C>();
     T *dqp = dq.data<T>(), *dkp = dk.data<T>(), *dvp = dv.data<T>();
-    ForEachHead(d.B * d.Hkv, group * d.T * d.S * d.D * 8, [&](int64_t bg) {
+    constexpr bool kWiden = !std::is_same_v<T, C>;
+    const uint64_t ts = d.T * d.S;
+    int threads = HeadThreads(d.B * d.Hkv, group * d.T * d.S * d.D * 8);
+    // Per thread: P, dP, the dk, dv accumulators, plus widened k, v, q, dO and dq for bfloat16/float16.
+    const uint64_t per = 2 * ts + 2 * sd + (kWiden ? 2 * sd + 3 * td : 0);
+    Scratch<C> scratch;
+    C* base = HeadScratch<C>("sdpa_backward", d, per, &threads, scratch);
+    ForEachHead(d.B * d.Hkv, threads, [&](int64_t bg, int worker) {
         int64_t b = bg / d.Hkv, gh = bg % d.Hkv;
-        std::vector<C> kb, vb, qb, gb, pb(d.T * d.S), dpb(d.T * d.S), dqb(td), dkb(sd, C(0)), dvb(sd, C(0));
+        C *P = base + worker * per, *dP = P + ts, *dkb = dP + ts, *dvb = dkb + sd;
+        C *kb = dvb + sd, *vb = kb + sd, *qb = vb + sd, *gb = qb + td, *dqb = gb + td;
+        std::fill(dkb, dkb + 2 * sd, C(0));
         const C* kc = Widen(kp + bg * sd, sd, kb);
         const C* vc = Widen(vp + bg * sd, sd, vb);
-        C *P = pb.data(), *dP = dpb.data();
         for (int64_t j = 0; j < group; ++j) {
             int64_t bh = b * d.Hq + gh * group + j;
             if (d.S == 0) {
@@ -234,8 +281,8 @@ void SdpaBackward(KernelContext& ctx) {
                 for (int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - lh[t]);
                 for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
             }
-            Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb.data());  // dv += P^T dO
-            Gemm<C>(false, true, d.T, d.S, d.D, C(1), gc, vc, C(0), dP);         // dP = dO v^T
+            Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);  // dv += P^T dO
+            Gemm<C>(false, true, d.T, d.S, d.D, C(1), gc, vc, C(0), dP);  // dP = dO v^T
             for (int64_t t = 0; t < d.T; ++t) {
                 double di = 0;  // rowsum(dO * out) in double
                 for (int64_t e = 0; e < d.D; ++e) di += static_cast<double>(gc[t * d.D + e]) * Load(oh + t * d.D + e);
@@ -243,16 +290,16 @@ void SdpaBackward(KernelContext& ctx) {
                 C *pr = P + t * d.S, *dr = dP + t * d.S;
                 for (int64_t s = 0; s < d.S; ++s) dr[s] = pr[s] * (dr[s] - dc);  // masked P is 0, so dS is too
             }
-            Gemm<C>(true, false, d.S, d.D, d.T, scale, dP, qc, C(1), dkb.data());  // dk += dS^T q * scale
-            if constexpr (std::is_same_v<T, C>) {
+            Gemm<C>(true, false, d.S, d.D, d.T, scale, dP, qc, C(1), dkb);  // dk += dS^T q * scale
+            if constexpr (!kWiden) {
                 Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqp + bh * td);  // dq = dS k * scale
             } else {
-                Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqb.data());
-                StoreBlock(dqp + bh * td, dqb.data(), td);
+                Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqb);
+                StoreBlock(dqp + bh * td, dqb, td);
             }
         }
-        StoreBlock(dkp + bg * sd, dkb.data(), sd);
-        StoreBlock(dvp + bg * sd, dvb.data(), sd);
+        StoreBlock(dkp + bg * sd, dkb, sd);
+        StoreBlock(dvp + bg * sd, dvb, sd);
     });
 }
 

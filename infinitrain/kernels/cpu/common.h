@@ -10,6 +10,7 @@
 
 #include "infinitrain/dtype.h"
 #include "infinitrain/dtype_dispatch.h"
+#include "infinitrain/kernels/cpu/parallel.h"
 #include "infinitrain/op.h"
 
 namespace infinitrain::cpu {
@@ -32,13 +33,15 @@ void ParallelFor(int64_t n, int64_t cost_per_item, F&& fn) {
         fn(int64_t{0}, n);
         return;
     }
+    RegionError error;  // an exception must not leave the region (std::terminate)
 #pragma omp parallel
     {
         int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
         int64_t chunk = (n + nt - 1) / nt;
         int64_t b = id * chunk, e = b + chunk < n ? b + chunk : n;
-        if (b < e) fn(b, e);
+        if (b < e) error.Run([&] { fn(b, e); });
     }
+    error.Rethrow();
 }
 
 }  // namespace infinitrain::cpu

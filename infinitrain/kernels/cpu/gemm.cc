@@ -98,8 +98,10 @@ void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, 
         for (int64_t i = 0; i < count; ++i) one(i);
         return;
     }
+    RegionError error;  // an exception must not leave the region (std::terminate)
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; ++i) one(i);
+    for (int64_t i = 0; i < count; ++i) error.Run([&] { one(i); });
+    error.Rethrow();
 }
 
 void MatmulKernel(KernelContext& ctx) {

@@ -7,7 +7,7 @@ from .hf_tokenizer import HFTokenizer, tokenize_files, train_bpe
 from .loader import DataLoader
 from .shakespeare import default_cache_dir, default_corpus, default_corpus_path
 from .tokenizer import ByteTokenizer, Tokenizer
-from .tokens import MAGIC_GPT2, MAGIC_LLAMA3, read_tokens, read_tokens_header, write_tokens
+from .tokens import MAGIC_GPT2, MAGIC_LLAMA3, TokenFile, read_tokens, read_tokens_header, write_tokens
 
 __all__ = [
     "ByteTokenizer",
@@ -15,6 +15,7 @@ __all__ = [
     "HFTokenizer",
     "MAGIC_GPT2",
     "MAGIC_LLAMA3",
+    "TokenFile",
     "Tokenizer",
     "default_cache_dir",
     "default_corpus",

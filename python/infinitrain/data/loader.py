@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .tokens import read_tokens
+from .tokens import TokenFile
 
 _CONFIG_KEYS = ("batch_size", "seq_len", "shuffle", "seed", "rank", "world_size", "n_tokens")
 
@@ -38,7 +38,7 @@ class DataLoader:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
         if isinstance(path_or_tokens, (str, os.PathLike)):
             self.source = os.fspath(path_or_tokens)
-            tokens = read_tokens(self.source)
+            tokens = TokenFile(self.source)  # read per batch with pread: no memory map to SIGBUS on
         else:
             self.source = "<array>"
             tokens = np.asarray(path_or_tokens)
@@ -93,6 +93,8 @@ class DataLoader:
         start = int(self._epoch_order(self.epoch)[self.position]) * self.chunk
         self.position += 1
         window = np.asarray(self.tokens[start : start + self.chunk + 1]).astype(np.int64)
+        if len(window) != self.chunk + 1:
+            raise ValueError(f"{self.source}: short read at token {start} (the file changed while in use?)")
         shape = (self.batch_size, self.seq_len)
         # Separate buffers so a caller editing x in place cannot change y.
         return window[:-1].reshape(shape), window[1:].reshape(shape).copy()

@@ -55,6 +55,8 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
         path = os.fspath(path)
+        if os.path.isdir(path):
+            raise ValueError(f"{path}: is a directory, not an llm.c tokenizer file")
         with open(path, "rb") as f:
             data = f.read()
         if len(data) < HEADER_BYTES:

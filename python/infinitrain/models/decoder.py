@@ -119,10 +119,13 @@ class DecoderLM(nn.Module):
         self._rope = None
 
     def _tables(self, T):
+        # Built for the lengths in use (block_size may be huge), doubling as they grow, as LLaMA3 does.
         device = self.embed_tokens.weight.device
         dtype = "float64" if self.embed_tokens.weight.dtype == "float64" else "float32"  # the rope op's table dtype
-        if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
-            self._rope = rope_tables(self.config, device, dtype)
+        rope = self._rope
+        if rope is None or rope[0].device != device or rope[0].dtype != dtype or rope[0].shape[0] < T:
+            n = min(self.config.block_size, max(64, 1 << (T - 1).bit_length()))
+            self._rope = rope_tables(self.config, device, n, dtype)
         cos, sin = self._rope
         return cos[:T], sin[:T]
 

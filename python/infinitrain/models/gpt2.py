@@ -9,7 +9,8 @@ import numpy as np
 
 from infinitrain import checkpoint, nn
 from infinitrain import functional as F
-from infinitrain.models.sampling import generate
+from infinitrain.models import validate as V
+from infinitrain.models.sampling import check_ids, generate
 from infinitrain.tensor import from_numpy
 
 MAGIC = 20240326
@@ -25,13 +26,16 @@ class GPT2Config:
     n_embd: int = 768
 
     def __post_init__(self):
+        V.int_field(self, "block_size", 1, V.MAX_BLOCK_SIZE)
+        V.int_field(self, "vocab_size", 1, V.MAX_VOCAB)
+        V.int_field(self, "padded_vocab_size", 1, V.MAX_VOCAB)
+        V.int_field(self, "n_layer", 1, V.MAX_LAYERS)
+        V.int_field(self, "n_head", 1, V.MAX_HEADS)
+        V.int_field(self, "n_embd", 1, V.MAX_WIDTH)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.padded_vocab_size < self.vocab_size:
-            raise ValueError("padded_vocab_size must be >= vocab_size")
-        for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
+            raise ValueError(f"padded_vocab_size ({self.padded_vocab_size}) must be >= vocab_size ({self.vocab_size})")
 
 
 class CausalSelfAttention(nn.Module):
@@ -85,16 +89,15 @@ class GPT2(nn.Module):
 
     def forward(self, idx, targets=None):
         """idx, targets: int64 [B, T]. Returns (logits [B, T, vocab_size], mean loss or None)."""
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        x = self.wte(idx) + self.wpe.weight[:T]
+        B, T = check_ids("GPT2", idx, targets, self.config.block_size)
+        head = self.wte.weight
+        if self.config.padded_vocab_size != self.config.vocab_size:
+            # The tied head over the real vocabulary; embedding through it makes ids in [vocab, padded) an error.
+            head = head[: self.config.vocab_size]
+        x = F.embedding(idx, head) + self.wpe.weight[:T]
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
-        head = self.wte.weight
-        if self.config.padded_vocab_size != self.config.vocab_size:
-            head = head[: self.config.vocab_size]  # tied head over the real vocabulary
         logits = F.linear(x, head)
         loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
         return logits, loss

@@ -9,7 +9,8 @@ import numpy as np
 
 from infinitrain import checkpoint, nn
 from infinitrain import functional as F
-from infinitrain.models.sampling import generate
+from infinitrain.models import validate as V
+from infinitrain.models.sampling import check_ids, generate
 from infinitrain.tensor import from_numpy
 
 MAGIC = 20240803
@@ -33,20 +34,29 @@ class LLaMA3Config:
     version_minor: int = 1
 
     def __post_init__(self):
-        for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "multiple_of"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
-        for k in ("norm_eps", "rope_theta"):
-            if not getattr(self, k) > 0:
-                raise ValueError(f"{k} must be positive, got {getattr(self, k)}")
-        if self.ffn_dim_multiplier < 0:
-            raise ValueError(f"ffn_dim_multiplier must be >= 0, got {self.ffn_dim_multiplier}")
+        V.int_field(self, "block_size", 1, V.MAX_BLOCK_SIZE)
+        V.int_field(self, "vocab_size", 1, V.MAX_VOCAB)
+        V.int_field(self, "n_layer", 1, V.MAX_LAYERS)
+        V.int_field(self, "n_head", 1, V.MAX_HEADS)
+        V.int_field(self, "n_kv_head", 1, V.MAX_HEADS)
+        V.int_field(self, "n_embd", 1, V.MAX_WIDTH)
+        V.int_field(self, "multiple_of", 1, V.MAX_WIDTH)
+        V.float_field(self, "ffn_dim_multiplier", 0.0, 64.0)  # 0: none
+        V.float_field(self, "norm_eps", 0.0, 1.0, lo_open=True)
+        V.float_field(self, "rope_theta", 1.0, 1e12)
+        V.bool_field(self, "use_scaled_rope")
+        V.int_field(self, "max_gen_batch_size", 1, 1 << 16)
+        V.int_field(self, "version_major", 3, 3)
+        V.int_field(self, "version_minor", 0, 99)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
+        if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
         if (self.n_embd // self.n_head) % 2:
-            raise ValueError("the head dimension must be even for rotary embeddings")
+            hd = self.n_embd // self.n_head
+            raise ValueError(f"the head dimension n_embd / n_head = {hd} must be even for rotary embeddings")
+        if self.hidden_dim > 64 * V.MAX_WIDTH:
+            raise ValueError(f"ffn_dim_multiplier {self.ffn_dim_multiplier} makes a {self.hidden_dim}-wide MLP")
 
     @property
     def head_dim(self):
@@ -61,8 +71,9 @@ class LLaMA3Config:
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
 
-def rope_tables(cfg, device, dtype="float32"):
-    """cos, sin [block_size, head_dim / 2] of the rotation angles t * freq_i (float32; float64 for float64 models)."""
+def rope_tables(cfg, device, length=None, dtype="float32"):
+    """cos, sin [length, head_dim / 2] of the rotation angles t * freq_i (length: block_size; float32, or
+    float64 for float64 models)."""
     hd = cfg.head_dim
     freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     if cfg.use_scaled_rope:
@@ -72,7 +83,7 @@ def rope_tables(cfg, device, dtype="float32"):
         smooth = np.clip((old_ctx / wavelen - low) / (high - low), 0.0, 1.0)
         scaled = (1 - smooth) * freqs / factor + smooth * freqs
         freqs = np.where(wavelen < old_ctx / high, freqs, np.where(wavelen > old_ctx / low, freqs / factor, scaled))
-    angles = np.outer(np.arange(cfg.block_size, dtype=np.float64), freqs)
+    angles = np.outer(np.arange(cfg.block_size if length is None else length, dtype=np.float64), freqs)
     return from_numpy(np.cos(angles), dtype, device), from_numpy(np.sin(angles), dtype, device)
 
 
@@ -132,18 +143,20 @@ class LLaMA3(nn.Module):
         self._rope = None
 
     def _tables(self, T):
+        # Built for the lengths in use (not block_size, which a model file may set huge), doubling as they grow;
+        # row t does not depend on the table's length.
         device = self.wte.weight.device
         dtype = "float64" if self.wte.weight.dtype == "float64" else "float32"  # the rope op's table dtype
-        if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
-            self._rope = rope_tables(self.config, device, dtype)
+        rope = self._rope
+        if rope is None or rope[0].device != device or rope[0].dtype != dtype or rope[0].shape[0] < T:
+            n = min(self.config.block_size, max(64, 1 << (T - 1).bit_length()))
+            self._rope = rope_tables(self.config, device, n, dtype)
         cos, sin = self._rope
         return cos[:T], sin[:T]
 
     def forward(self, idx, targets=None):
         """idx, targets: int64 [B, T]. Returns (logits [B, T, vocab_size], mean loss or None)."""
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        B, T = check_ids("LLaMA3", idx, targets, self.config.block_size)
         cos, sin = self._tables(T)
         x = self.wte(idx)
         for block in self.h:
@@ -187,44 +200,73 @@ class LLaMA3(nn.Module):
         groups += [[self.ln_f.weight], [self.lm_head.weight]]
         return groups
 
-    def save_llmc(self, path, dtype="float32"):
+    def save_llmc(self, path, dtype="float32", layout="infinitrain"):
+        """Writes an llm.c model file. layout "infinitrain": one 256-word header with the float fields as float32
+        bits among the ints; "llmc": llm.c's train_llama3.py layout, 256 int32 words then 256 float32 words (it has
+        no max_gen_batch_size)."""
         c = self.config
         version = {"float32": 3, "bfloat16": 5}[dtype]
-        header = [MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_kv_head, c.n_embd]
-        header += [float(c.ffn_dim_multiplier), c.multiple_of, float(c.norm_eps), float(c.rope_theta)]
-        header += [int(c.use_scaled_rope), c.max_gen_batch_size, c.version_major, c.version_minor]
+        ints = [MAGIC, version, c.block_size, c.vocab_size, c.n_layer, c.n_head, c.n_kv_head, c.n_embd]
+        if layout == "infinitrain":
+            header = ints + [float(c.ffn_dim_multiplier), c.multiple_of, float(c.norm_eps), float(c.rope_theta)]
+            header += [int(c.use_scaled_rope), c.max_gen_batch_size, c.version_major, c.version_minor]
+            words = None
+        elif layout == "llmc":
+            header = ints + [c.multiple_of, int(c.use_scaled_rope), c.version_major, c.version_minor]
+            header += [0] * (256 - len(header))
+            header += [float(c.ffn_dim_multiplier), float(c.norm_eps), float(c.rope_theta)]
+            words = 512
+        else:
+            raise ValueError(f"layout must be 'infinitrain' or 'llmc', got {layout!r}")
         arrays = [np.stack([p.numpy().astype(np.float32) for p in g]) for g in self._llmc_tensors()]
-        checkpoint.write_llmc_model(path, header, arrays, np.float32 if dtype == "float32" else "bfloat16")
+        checkpoint.write_llmc_model(path, header, arrays, np.float32 if dtype == "float32" else "bfloat16", words)
+
+    @staticmethod
+    def llmc_layout(header):
+        """The header layout of an llm.c LLaMA 3 file from its first 256 words: "llmc" when word 10 holds the
+        major version as a small int (llm.c's train_llama3.py), "infinitrain" when it holds norm_eps's float32
+        bits (a normal float's bits are at least 2**23 in magnitude as an int)."""
+        return "llmc" if abs(int(header[10])) < 1 << 23 else "infinitrain"
+
+    @classmethod
+    def config_from_llmc_header(cls, h):
+        if cls.llmc_layout(h) == "llmc":
+            f = np.asarray(h, dtype=np.int32)[256:259].view(np.float32)
+            floats = {"ffn_dim_multiplier": float(f[0]), "norm_eps": float(f[1]), "rope_theta": float(f[2])}
+            rest = {"multiple_of": int(h[8]), "use_scaled_rope": int(h[9]), "version_major": int(h[10])}
+            rest["version_minor"] = int(h[11])
+        else:
+            floats = {k: checkpoint.header_float(h, i) for k, i in (("ffn_dim_multiplier", 8), ("norm_eps", 10))}
+            floats["rope_theta"] = checkpoint.header_float(h, 11)
+            rest = {"multiple_of": int(h[9]), "use_scaled_rope": int(h[12]), "max_gen_batch_size": int(h[13])}
+            rest.update(version_major=int(h[14]), version_minor=int(h[15]))
+        return LLaMA3Config(
+            block_size=int(h[2]),
+            vocab_size=int(h[3]),
+            n_layer=int(h[4]),
+            n_head=int(h[5]),
+            n_kv_head=int(h[6]),
+            n_embd=int(h[7]),
+            **floats,
+            **rest,
+        )
 
     @classmethod
     def from_llmc(cls, path, device="cpu"):
-        def config_of(h):
-            return LLaMA3Config(
-                block_size=int(h[2]),
-                vocab_size=int(h[3]),
-                n_layer=int(h[4]),
-                n_head=int(h[5]),
-                n_kv_head=int(h[6]),
-                n_embd=int(h[7]),
-                ffn_dim_multiplier=checkpoint.header_float(h, 8),
-                multiple_of=int(h[9]),
-                norm_eps=checkpoint.header_float(h, 10),
-                rope_theta=checkpoint.header_float(h, 11),
-                use_scaled_rope=bool(h[12]),
-                max_gen_batch_size=int(h[13]),
-                version_major=int(h[14]),
-                version_minor=int(h[15]),
-            )
+        """Reads either LLaMA 3 header layout (see save_llmc), told apart by llmc_layout."""
 
         def count(h):
-            c = config_of(h)
+            c = cls.config_from_llmc_header(h)
             C, hd, H = c.n_embd, c.head_dim, c.hidden_dim
             qkv = (c.n_head + 2 * c.n_kv_head) * hd * C
             per_layer = C + qkv + C * C + C + 3 * C * H
             return c.vocab_size * C + c.n_layer * per_layer + C + c.vocab_size * C
 
-        header, flat = checkpoint.read_llmc_model(path, MAGIC, count)
-        model = cls(config_of(header), device)
+        def words(h):
+            return 512 if cls.llmc_layout(h) == "llmc" else 256
+
+        header, flat = checkpoint.read_llmc_model(path, MAGIC, count, header_words_fn=words)
+        model = cls(cls.config_from_llmc_header(header), device)
         offset = 0
         for group in model._llmc_tensors():
             for p in group:

@@ -1,9 +1,24 @@
 """Autoregressive sampling shared by the models (host-side, from the last position's logits)."""
 
+import math
+
 import numpy as np
 
 from infinitrain import autograd
 from infinitrain.tensor import from_numpy
+
+
+def check_ids(model_name, idx, targets, block_size):
+    """Checks idx (and targets) are [B, T] tensors with T <= block_size; returns (B, T). Id ranges are checked
+    by the embedding kernel (no host synchronisation here)."""
+    if len(idx.shape) != 2:
+        raise ValueError(f"{model_name}: idx must be a 2-d [batch, sequence] tensor of ids, got shape {idx.shape}")
+    if targets is not None and tuple(targets.shape) != tuple(idx.shape):
+        raise ValueError(f"{model_name}: targets must have idx's shape {idx.shape}, got {targets.shape}")
+    B, T = idx.shape
+    if T > block_size:
+        raise ValueError(f"sequence length {T} exceeds block_size {block_size}")
+    return B, T
 
 
 @autograd.no_grad()
@@ -12,7 +27,11 @@ def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0
     idx = np.asarray(idx, dtype=np.int64)
     if idx.ndim != 2 or idx.shape[1] == 0:
         raise ValueError(f"generate: idx must be a non-empty [B, T] int array, got shape {idx.shape}")
-    if temperature < 0:
+    if idx.size and (idx.min() < 0 or idx.max() >= vocab_size):
+        raise ValueError(f"generate: token ids must be in [0, {vocab_size}), got [{idx.min()}, {idx.max()}]")
+    if not max_new_tokens >= 0:
+        raise ValueError(f"generate: max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"generate: top_k must be >= 1 (or None for no filtering), got {top_k}")

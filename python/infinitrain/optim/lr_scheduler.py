@@ -21,6 +21,10 @@ class WarmupCosine:
     def __init__(self, optimizer, warmup_steps, total_steps, min_lr_ratio=0.1, max_lr=None):
         if warmup_steps < 0 or total_steps <= 0:
             raise ValueError(f"need warmup_steps >= 0 and total_steps > 0, got {warmup_steps}, {total_steps}")
+        if not (math.isfinite(min_lr_ratio) and 0.0 <= min_lr_ratio <= 1.0):
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio!r}")
+        if max_lr is not None and not (math.isfinite(max_lr) and max_lr >= 0):
+            raise ValueError(f"max_lr must be finite and >= 0, got {max_lr!r}")
         self.optimizer = optimizer
         self.max_lr = optimizer.lr if max_lr is None else max_lr
         self.warmup_steps, self.total_steps, self.min_lr_ratio = warmup_steps, total_steps, min_lr_ratio

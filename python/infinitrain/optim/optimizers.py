@@ -1,10 +1,23 @@
 """SGD and AdamW over lists of parameters; updates run as in-place kernels."""
 
 import math
+import numbers
 
 from infinitrain import autograd, dispatch
 from infinitrain import functional as F
 from infinitrain.tensor import Tensor, zeros
+
+
+def _hyper(name, value, lo, hi, hi_open=False, lo_open=False):
+    """A finite float in the range; NaN or inf would silently turn every parameter into NaN."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    ok = math.isfinite(value) and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
+    if not ok:
+        lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise ValueError(f"{name} must be finite and in {lb}{lo:g}, {hi:g}{rb}, got {value!r}")
+    return value
 
 
 class Optimizer:
@@ -12,10 +25,16 @@ class Optimizer:
         self.params = [p for p in params]
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
-        if lr < 0:
-            raise ValueError(f"learning rate must be >= 0, got {lr}")
         self.lr = lr
         self.step_count = 0
+
+    @property
+    def lr(self):
+        return self._lr
+
+    @lr.setter
+    def lr(self, value):
+        self._lr = _hyper("learning rate", value, 0.0, math.inf, hi_open=True)
 
     def zero_grad(self):
         for p in self.params:
@@ -53,7 +72,8 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0.0, weight_decay=0.0):
         super().__init__(params, lr)
-        self.momentum, self.weight_decay = momentum, weight_decay
+        self.momentum = _hyper("momentum", momentum, 0.0, 1.0)
+        self.weight_decay = _hyper("weight_decay", weight_decay, 0.0, math.inf, hi_open=True)
         self.buffers = [None] * len(self.params)
 
     @autograd.no_grad()
@@ -88,10 +108,15 @@ class AdamW(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         super().__init__(params, lr)
-        b1, b2 = betas
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
-        self.betas, self.eps, self.weight_decay = (b1, b2), eps, weight_decay
+        try:
+            b1, b2 = betas
+        except (TypeError, ValueError):
+            raise ValueError(f"betas must be a pair, got {betas!r}") from None
+        b1 = _hyper("betas[0]", b1, 0.0, 1.0, hi_open=True)
+        b2 = _hyper("betas[1]", b2, 0.0, 1.0, hi_open=True)
+        self.betas = (b1, b2)
+        self.eps = _hyper("eps", eps, 0.0, math.inf, lo_open=True, hi_open=True)
+        self.weight_decay = _hyper("weight_decay", weight_decay, 0.0, math.inf, hi_open=True)
         stat = lambda p: "float64" if p.dtype == "float64" else "float32"  # noqa: E731
         self.m = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
         self.v = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
@@ -118,6 +143,8 @@ class AdamW(Optimizer):
 def clip_grad_norm_(params, max_norm):
     """Scales gradients so their global L2 norm is at most max_norm; returns the norm before clipping
     as a 0-d tensor on the gradients' device (no host synchronisation)."""
+    if max_norm is not None:
+        _hyper("max_norm", max_norm, 0.0, math.inf)  # inf: no clipping; NaN is an error, not "no clipping"
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None

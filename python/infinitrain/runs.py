@@ -1,0 +1,183 @@
+"""What a training run needs around its loop: a checkpoint directory that is checked, locked, cleaned and
+rotated; checkpoints read back with their meta checked; and signals that stop the run cleanly.
+
+No flags are defined here (infinitrain.train defines them), so this imports anywhere.
+"""
+
+import errno
+import fcntl
+import glob
+import os
+import signal
+import socket
+import tempfile
+import time
+
+import numpy as np
+
+from infinitrain import checkpoint
+
+CKPT_PATTERN = "ckpt_*.bin"
+LOCK_NAME = ".lock"
+
+
+class UsageError(ValueError):
+    """A bad flag or input: exit status 2."""
+
+
+class TrainError(RuntimeError):
+    """The run cannot go on (disk full, non-finite loss, ...): exit status 1."""
+
+
+class Stopped(Exception):
+    """A signal stopped the run cleanly; exit status 128 + signum."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class CheckpointDir:
+    """A run's checkpoint directory, checked and locked when the run starts.
+
+    The lock is an flock on `.lock` (released by the kernel when the process dies, even by SIGKILL), holding the
+    owner's pid and host for the error a second run gets. Temporary files of interrupted saves are removed.
+    Saving writes the new checkpoint before deleting old ones, unless the disk is short of room for it.
+    """
+
+    def __init__(self, directory, keep=2):
+        self.directory, self.keep = directory, keep
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--checkpoint_dir={directory}: cannot create it: {e.strerror or e}") from None
+        if not os.path.isdir(directory):
+            raise UsageError(f"--checkpoint_dir={directory}: not a directory")
+        try:  # a read-only or full directory fails now, not at the first save
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-", suffix=".tmp") as f:
+                f.write(b"x")
+                f.flush()
+        except OSError as e:
+            raise UsageError(f"--checkpoint_dir={directory}: cannot write there: {e.strerror or e}") from None
+        self._lock_fd = None
+        self._lock()
+        self.removed = self._remove_stale_temporaries()
+
+    def _lock(self):
+        path = os.path.join(self.directory, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise UsageError(f"--checkpoint_dir={self.directory}: cannot lock {path}: {e.strerror}") from None
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise UsageError(
+                f"--checkpoint_dir={self.directory} is in use by another run ({holder}); "
+                "wait for it to finish or choose another directory"
+            ) from None
+        os.ftruncate(fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}, started {started}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def close(self):
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _remove_stale_temporaries(self):
+        # Only this run writes here (it holds the lock), so every temporary file is a leftover of a killed save.
+        removed = []
+        for pattern in (".ckpt_*.tmp", ".probe-*.tmp"):
+            for path in glob.glob(os.path.join(self.directory, pattern)):
+                try:
+                    os.remove(path)
+                    removed.append(path)
+                except FileNotFoundError:
+                    pass
+        return removed
+
+    def checkpoints(self):
+        return sorted(glob.glob(os.path.join(self.directory, CKPT_PATTERN)))
+
+    def _free_bytes(self):
+        st = os.statvfs(self.directory)
+        return st.f_bavail * st.f_frsize
+
+    def save(self, step, tensors, meta):
+        """Writes ckpt_<step>.bin atomically and keeps the newest `keep`. When the free space is less than the
+        new file needs, old checkpoints are deleted first (never the newest one)."""
+        path = os.path.join(self.directory, f"ckpt_{step:08d}.bin")
+        need = sum(checkpoint._align(np.asarray(v).nbytes) for v in tensors.values()) + (1 << 20)
+        old = [p for p in self.checkpoints() if p != path]
+        while len(old) > 1 and len(old) >= self.keep and self._free_bytes() < need:
+            os.remove(old.pop(0))
+        try:
+            checkpoint.save(path, tensors, meta)
+        except OSError as e:
+            left = self.checkpoints()
+            kept = f"; the newest intact checkpoint is {left[-1]}" if left else ""
+            raise TrainError(f"cannot write checkpoint {path}: {e.strerror or e}{kept}") from None
+        for stale in [p for p in self.checkpoints() if p != path][: -(self.keep - 1) or None]:
+            os.remove(stale)
+        return path
+
+    def mark_damaged(self, path):
+        """Moves a damaged checkpoint out of the way (kept for inspection); returns its new name."""
+        target = path + ".damaged"
+        os.replace(path, target)
+        return target
+
+
+def read_checkpoint(path):
+    """(tensors, meta) of an intact checkpoint; ValueError when it is damaged or its meta is malformed."""
+    tensors, meta = checkpoint.load(path)
+    try:
+        ok = (
+            isinstance(meta["step"], int)
+            and meta["step"] >= 0
+            and isinstance(meta["optimizer"]["step"], int)
+            and isinstance(meta["optimizer"]["lr"], (int, float))
+            and isinstance(meta["loader"], dict)
+            and isinstance(meta["generator"], dict)
+            and isinstance(meta.get("run", {}), dict)
+        )
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{path}: checkpoint is corrupt: its meta lacks or mistypes step, optimizer, loader or generator"
+        )
+    return tensors, meta
+
+
+class StopRequest:
+    """SIGTERM and the first Ctrl-C ask the loop to stop after the current step and save a checkpoint; a second
+    Ctrl-C aborts at once (KeyboardInterrupt; a save in progress removes its temporary file)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum = None
+        self._previous = {}
+
+    def __enter__(self):
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        return False
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
+        self.signum = signum
+        # os.write, not print: a handler that prints while the loop prints raises "reentrant call".
+        os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again aborts)\n".encode())
