@@ -11,36 +11,41 @@ import math
 
 from infinitrain import functional as F
 from infinitrain import nn
+from infinitrain.models import validate as V
 from infinitrain.models.llama3 import rope_tables
 from infinitrain.models.moe import Expert, SparseMoE, load_balancing_loss
 from infinitrain.models.sampling import generate
 
 
+def _int(cfg, name, lo, hi):
+    if not isinstance(getattr(type(cfg), name, None), property):  # a property derives from a checked field
+        V.int_field(cfg, name, lo, hi)
+
+
 def check_config(cfg):
-    """Validation shared by the decoder configs; raises ValueError naming the field."""
-    for k in ("block_size", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "head_dim", "intermediate_size"):
-        if getattr(cfg, k) < 1:
-            raise ValueError(f"{k} must be positive, got {getattr(cfg, k)}")
-    for k in ("norm_eps", "rope_theta"):
-        if not getattr(cfg, k) > 0:
-            raise ValueError(f"{k} must be positive, got {getattr(cfg, k)}")
+    """Validation shared by the decoder configs (types and sane bounds, as models/validate.py's); raises
+    ValueError naming the field."""
+    _int(cfg, "block_size", 1, V.MAX_BLOCK_SIZE)
+    _int(cfg, "vocab_size", 1, V.MAX_VOCAB)
+    _int(cfg, "n_layer", 1, V.MAX_LAYERS)
+    _int(cfg, "n_head", 1, V.MAX_HEADS)
+    _int(cfg, "n_kv_head", 1, V.MAX_HEADS)
+    _int(cfg, "n_embd", 1, V.MAX_WIDTH)
+    _int(cfg, "head_dim", 1, V.MAX_WIDTH)
+    _int(cfg, "intermediate_size", 1, 64 * V.MAX_WIDTH)
+    V.float_field(cfg, "norm_eps", 0.0, 1.0, lo_open=True)
+    V.float_field(cfg, "rope_theta", 1.0, 1e12)
+    V.float_field(cfg, "router_aux_loss_coef", 0.0, 1e3)
+    V.bool_field(cfg, "tie_word_embeddings")
     if cfg.n_head % cfg.n_kv_head:
         raise ValueError(f"n_head ({cfg.n_head}) must be a multiple of n_kv_head ({cfg.n_kv_head})")
     if cfg.head_dim % 2:
         raise ValueError(f"head_dim must be even for rotary embeddings, got {cfg.head_dim}")
-    if cfg.num_experts < 0:
-        raise ValueError(f"num_experts must be >= 0, got {cfg.num_experts}")
+    _int(cfg, "num_experts", 0, 1 << 12)
     if cfg.num_experts:
-        if not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
-            raise ValueError(
-                f"num_experts_per_tok must be in [1, num_experts={cfg.num_experts}], got {cfg.num_experts_per_tok}"
-            )
-        if cfg.moe_intermediate_size < 1:
-            raise ValueError(f"moe_intermediate_size must be positive, got {cfg.moe_intermediate_size}")
-        if cfg.decoder_sparse_step < 1:
-            raise ValueError(f"decoder_sparse_step must be positive, got {cfg.decoder_sparse_step}")
-    if cfg.router_aux_loss_coef < 0:
-        raise ValueError(f"router_aux_loss_coef must be >= 0, got {cfg.router_aux_loss_coef}")
+        _int(cfg, "num_experts_per_tok", 1, cfg.num_experts)
+        _int(cfg, "moe_intermediate_size", 1, 64 * V.MAX_WIDTH)
+        _int(cfg, "decoder_sparse_step", 1, V.MAX_LAYERS)
 
 
 def is_sparse_layer(cfg, i):
