@@ -4,6 +4,9 @@
 #include <cctype>
 #include <map>
 #include <mutex>
+#include <optional>
+
+#include "infinitrain/profiler.h"
 
 namespace infinitrain {
 
@@ -434,6 +437,8 @@ std::vector<Tensor> Op::RunKernel(KernelFn fn, const Device& device, const std::
                                   const std::vector<TensorMeta>& metas, const Attrs& attrs) const {
     DeviceGuard guard(device);
     const Stream stream = CurrentStream(device);
+    std::optional<KernelTimer> timer;
+    if (ProfilingActive()) timer.emplace(this, stream);
     std::vector<Tensor> out;
     out.reserve(metas.size());
     for (const TensorMeta& m : metas) out.push_back(Tensor::Empty(m.shape, m.dtype, device));

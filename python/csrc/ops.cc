@@ -8,6 +8,7 @@
 
 #include "infinitrain/allocator.h"
 #include "infinitrain/op.h"
+#include "infinitrain/profiler.h"
 #include "python/csrc/bindings.h"
 
 namespace infinitrain::python {
@@ -22,14 +23,15 @@ py::list ToList(std::vector<Tensor> out) {
 // Out of memory inside an op (an output from the allocator, or a kernel's own scratch as std::bad_alloc) raises
 // OutOfMemoryError (a MemoryError) that names the op and, for a bare std::bad_alloc, its outputs' sizes.
 std::vector<Tensor> CallNamingOom(const Op& op, const std::vector<Tensor>& in, const Attrs& attrs) {
-    const std::string name = op.name();
     try {
         return op.Call(in, attrs);
     } catch (const OutOfMemoryError& e) {
+        const std::string name = op.name();
         std::string what = e.what();
         if (what.rfind(name + ":", 0) == 0) throw;
         throw OutOfMemoryError(name + ": " + what);
     } catch (const std::bad_alloc& e) {
+        const std::string name = op.name();
         std::string what = e.what();
         if (what.rfind(name + ":", 0) == 0) throw OutOfMemoryError(what);  // a kernel already said what
         std::string outs;
@@ -151,6 +153,20 @@ void BindOps(py::module_& m) {
         return l;
     });
     m.def("set_poison_outputs", &SetPoisonOutputs);
+    m.def("start_profiling", &StartProfiling);
+    m.def("stop_profiling", [] {
+        std::vector<OpTiming> records;
+        {
+            py::gil_scoped_release release;  // waits for the device
+            records = StopProfiling();
+        }
+        py::list out;
+        for (const OpTiming& r : records) {
+            out.append(
+                py::make_tuple(r.op, r.device.ToString(), r.host_start_us, r.host_us, r.device_start_ms, r.device_ms));
+        }
+        return out;
+    });
     m.def("set_cpu_fallback",
           [](const std::string& device_type, bool on) { SetCpuFallback(Dev(device_type).type, on); });
     m.def("cpu_fallback", [](const std::string& device_type) { return CpuFallback(Dev(device_type).type); });

@@ -8,7 +8,8 @@ x = it.randn(4, 8, requires_grad=True)
 from infinitrain import _C  # noqa: F401, I001  (the native core loads first)
 from infinitrain import tensor_methods  # noqa: F401  (attaches Tensor's op methods)
 from infinitrain import composites  # noqa: F401  (registers the fused ops' composites)
-from infinitrain import amp, backends, checkpoint, data, distributed, functional, models, nn, ops, optim, random
+from infinitrain import amp, backends, checkpoint, data, distributed, functional, models, nn, ops, optim, profiler
+from infinitrain import random
 from infinitrain import runtime
 from infinitrain.autograd import enable_grad, is_grad_enabled, no_grad
 from infinitrain.functional import cat, stack, where
@@ -63,6 +64,7 @@ __all__ = [
     "ones_like",
     "ops",
     "optim",
+    "profiler",
     "rand",
     "randn",
     "stack",

@@ -24,6 +24,8 @@ flags.DEFINE_integer("seq", 1024, "Tokens per sequence.")
 flags.DEFINE_integer("steps", 20, "Timed steps.")
 flags.DEFINE_integer("warmup", 5, "Untimed steps first.")
 flags.DEFINE_float("peak_tflops", 989.0, "Dense bf16 peak of the card, for MFU.")
+flags.DEFINE_string("profile", "", "Also profile one step: print the top ops and write a Chrome trace here.")
+flags.DEFINE_integer("top", 15, "Ops in the profile table.")
 
 
 def build(model, seq, device):
@@ -81,6 +83,11 @@ def main(argv):
         loss.item()
         times.append(time.perf_counter() - t0)
     med = float(np.median(times))
+    if FLAGS.profile:
+        with it.profiler.profile() as prof:
+            step().item()
+        print(prof.table(top=FLAGS.top))
+        prof.export_chrome_trace(FLAGS.profile)
     n_params = model.num_parameters()
     tokens = FLAGS.batch * FLAGS.seq
     mfu = flops_per_token(model, n_params, FLAGS.seq) * tokens / med / (FLAGS.peak_tflops * 1e12)
