@@ -122,6 +122,20 @@ class GPT2(nn.Module):
         cfg = self.config
         return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
 
+    # ---- Hugging Face checkpoints (models/hf.py) ----
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", **kwargs):
+        """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
+        from infinitrain.models import hf
+
+        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+
+    def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
+        """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
+        from infinitrain.models import hf
+
+        hf.save_pretrained(self, path, dtype, max_shard_size)
+
     # ---- llm.c model files ----
     def _llmc_tensors(self):
         """Parameters in llm.c's order, each per-layer kind stacked over layers."""
