@@ -8,7 +8,7 @@ def provider_extension(name, srcs, deps = [], copts = [], visibility = None, tag
     """
     native.cc_binary(
         name = name + ".so",
-        srcs = srcs + ["//python:infinitrain/libinfinitrain.so"],
+        srcs = srcs,
         copts = ["-fvisibility=hidden"] + copts,
         linkshared = True,
         linkstatic = True,
@@ -16,6 +16,7 @@ def provider_extension(name, srcs, deps = [], copts = [], visibility = None, tag
         deps = deps + [
             "//infinitrain:headers",
             "@local_python//:pybind11",
+            "//python:core_shared",  # last: after the libraries that use it
         ],
     )
     native.py_library(

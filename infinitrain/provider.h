@@ -62,8 +62,8 @@ struct ProviderRegistrar {
     static ::infinitrain::ProviderRegistrar INFINITRAIN_CONCAT(provider_kernel_, __LINE__)(provider, op, fn, \
                                                                                            INFINITRAIN_SITE)
 
-#define REGISTER_PROVIDER_KERNEL_OVERRIDE(provider, op, fn)                                          \
-    static const bool INFINITRAIN_CONCAT(provider_kernel_override_, __LINE__) =                       \
+#define REGISTER_PROVIDER_KERNEL_OVERRIDE(provider, op, fn)                     \
+    static const bool INFINITRAIN_CONCAT(provider_kernel_override_, __LINE__) = \
         (::infinitrain::AddProviderKernelOverride(provider, op, fn, INFINITRAIN_SITE), true)
 
 #define REGISTER_PROVIDER_CCL(provider, cls)                                                                       \

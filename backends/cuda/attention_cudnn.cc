@@ -20,12 +20,12 @@
 #include <tuple>
 #include <vector>
 
-#include "backends/cuda/cuda.h"
+#include "backends/cuda/vendor_cuda.h"
 #include "backends/gpu/attention.h"
 #include "infinitrain/provider.h"
 #include "infinitrain/runtime.h"
 
-namespace infinitrain::cuda {
+namespace infinitrain::gpu {
 namespace {
 
 namespace fe = cudnn_frontend;
@@ -97,9 +97,11 @@ Plan Build(const Key& k, cudnnHandle_t handle) {
     auto kk = Input(*g, "k", kK, {k.b, k.hk, k.s, k.d});
     auto v = Input(*g, "v", kV, {k.b, k.hk, k.s, k.d});
     if (!k.backward) {
-        auto attrs =
-            fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(k.scale).set_causal_mask(
-                k.causal);
+        auto attrs = fe::graph::SDPA_attributes()
+                         .set_name("sdpa")
+                         .set_generate_stats(true)
+                         .set_attn_scale(k.scale)
+                         .set_causal_mask(k.causal);
         auto [o, stats] = g->sdpa(q, kk, v, attrs);
         Output(o, kO, {k.b, k.h, k.t, k.d});
         Output(stats, kStats, {k.b, k.h, k.t, 1});
@@ -109,9 +111,10 @@ Plan Build(const Key& k, cudnnHandle_t handle) {
         auto dout = Input(*g, "do", kDO, {k.b, k.h, k.t, k.d});
         auto stats = Input(*g, "stats", kStats, {k.b, k.h, k.t, 1});
         stats->set_data_type(fe::DataType_t::FLOAT);
-        auto attrs =
-            fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(k.scale).set_causal_mask(
-                k.causal);
+        auto attrs = fe::graph::SDPA_backward_attributes()
+                         .set_name("sdpa_backward")
+                         .set_attn_scale(k.scale)
+                         .set_causal_mask(k.causal);
         auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
         Output(dq, kDQ, {k.b, k.h, k.t, k.d});
         Output(dk, kDK, {k.b, k.hk, k.s, k.d});
@@ -141,7 +144,8 @@ void Run(const Plan& plan, cudnnHandle_t handle, std::unordered_map<int64_t, voi
          const char* op) {
     Tensor workspace = Tensor::Empty({std::max<int64_t>(plan.workspace, 1)}, DataType::kUInt8, device);
     auto status = plan.graph->execute(handle, pack, workspace.data());
-    if (!status.is_good()) throw std::runtime_error(std::string(op) + ": cuDNN attention failed: " + status.get_message());
+    if (!status.is_good())
+        throw std::runtime_error(std::string(op) + ": cuDNN attention failed: " + status.get_message());
 }
 
 bool Eligible(DataType t, int64_t d) {
@@ -152,37 +156,54 @@ void Sdpa(KernelContext& ctx) {
     const Tensor &q = ctx.in[0], &k = ctx.in[1], &v = ctx.in[2];
     Tensor &out = ctx.out[0], &lse = ctx.out[1];
     const Shape &qs = q.shape(), &ks = k.shape();
-    if (!Eligible(q.dtype(), qs[3]) || q.numel() == 0 || k.numel() == 0) return gpu::PortableSdpa(ctx);
+    if (!Eligible(q.dtype(), qs[3]) || q.numel() == 0 || k.numel() == 0) return PortableSdpa(ctx);
     cudnnHandle_t handle = Handle(ctx.stream);
-    Key key{false, q.dtype(), ctx.device.index, qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], ctx.i(0) != 0,
+    Key key{false,
+            q.dtype(),
+            ctx.device.index,
+            qs[0],
+            qs[1],
+            ks[1],
+            qs[2],
+            ks[2],
+            qs[3],
+            ctx.i(0) != 0,
             static_cast<float>(ctx.f(1))};
     const Plan& plan = GetPlan(key, handle);
-    if (!plan.graph) return gpu::PortableSdpa(ctx);
+    if (!plan.graph) return PortableSdpa(ctx);
     std::unordered_map<int64_t, void*> pack = {
         {kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, out.data()}, {kStats, lse.data()}};
     Run(plan, handle, pack, ctx.device, "sdpa");
 }
 
 void SdpaBackward(KernelContext& ctx) {
-    const Tensor &grad = ctx.in[0], &q = ctx.in[1], &k = ctx.in[2], &v = ctx.in[3], &out = ctx.in[4],
-                 &lse = ctx.in[5];
+    const Tensor &grad = ctx.in[0], &q = ctx.in[1], &k = ctx.in[2], &v = ctx.in[3], &out = ctx.in[4], &lse = ctx.in[5];
     const Shape &qs = q.shape(), &ks = k.shape();
-    if (!Eligible(q.dtype(), qs[3]) || q.numel() == 0 || k.numel() == 0) return gpu::PortableSdpaBackward(ctx);
+    if (!Eligible(q.dtype(), qs[3]) || q.numel() == 0 || k.numel() == 0) return PortableSdpaBackward(ctx);
     cudnnHandle_t handle = Handle(ctx.stream);
-    Key key{true, q.dtype(), ctx.device.index, qs[0], qs[1], ks[1], qs[2], ks[2], qs[3], ctx.i(0) != 0,
+    Key key{true,
+            q.dtype(),
+            ctx.device.index,
+            qs[0],
+            qs[1],
+            ks[1],
+            qs[2],
+            ks[2],
+            qs[3],
+            ctx.i(0) != 0,
             static_cast<float>(ctx.f(1))};
     const Plan& plan = GetPlan(key, handle);
-    if (!plan.graph) return gpu::PortableSdpaBackward(ctx);
+    if (!plan.graph) return PortableSdpaBackward(ctx);
     std::unordered_map<int64_t, void*> pack = {
-        {kQ, q.data()},        {kK, k.data()},         {kV, v.data()},         {kO, out.data()},
-        {kDO, grad.data()},    {kStats, lse.data()},   {kDQ, ctx.out[0].data()}, {kDK, ctx.out[1].data()},
-        {kDV, ctx.out[2].data()}};
+        {kQ, q.data()},           {kK, k.data()},           {kV, v.data()},
+        {kO, out.data()},         {kDO, grad.data()},       {kStats, lse.data()},
+        {kDQ, ctx.out[0].data()}, {kDK, ctx.out[1].data()}, {kDV, ctx.out[2].data()}};
     Run(plan, handle, pack, ctx.device, "sdpa_backward");
 }
 
 }  // namespace
 
-REGISTER_PROVIDER_KERNEL_OVERRIDE(kName, "sdpa", Sdpa);
-REGISTER_PROVIDER_KERNEL_OVERRIDE(kName, "sdpa_backward", SdpaBackward);
+REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "sdpa", Sdpa);
+REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "sdpa_backward", SdpaBackward);
 
-}  // namespace infinitrain::cuda
+}  // namespace infinitrain::gpu

@@ -4,16 +4,9 @@
 #include <pybind11/pybind11.h>
 
 #include "backends/cuda/cuda.h"
-#include "infinitrain/provider.h"
-
-namespace py = pybind11;
 
 PYBIND11_MODULE(infinitrain_cuda, m) {
-    m.doc() = "infinitrain cuda provider: NVIDIA GPUs through CUDA, cuBLAS and NCCL";
-    m.def(
-        "register_backend",
-        [] {
-            infinitrain::RegisterProvider({infinitrain::cuda::kName, infinitrain::DataType::kBFloat16});
-        },
-        "Claims the PrivateUse1 slot for 'cuda' (idempotent).");
+    m.doc() = "infinitrain cuda provider: NVIDIA GPUs through CUDA, cuBLAS, cuDNN and NCCL";
+    m.def("register_backend", &infinitrain::cuda::RegisterBackend,
+          "Claims the PrivateUse1 slot for 'cuda' (idempotent).");
 }

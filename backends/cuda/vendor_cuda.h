@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <nccl.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -23,7 +24,27 @@ inline constexpr const char* kProviderName = "cuda";
 
 // ---- runtime ----------------------------------------------------------------
 
+// The vendor's runtime, BLAS and CCL names by their common stem: GPU_RT(Malloc) is cudaMalloc, GPU_BLAS(Create)
+// cublasCreate, GPU_CCL(AllReduce) ncclAllReduce. backends/gpu/runtime.cc and ccl.cc are written with them.
+#define GPU_RT(name) cuda##name
+#define GPU_BLAS(name) cublas##name
+#define GPU_CCL(name) nccl##name
+
 using NativeStream_t = cudaStream_t;
+using NativeEvent_t = cudaEvent_t;
+using RtError = cudaError_t;
+using RtMemcpyKind = cudaMemcpyKind;
+using RtMemPool = cudaMemPool_t;
+using CclResult = ncclResult_t;
+using CclDataType = ncclDataType_t;
+using CclRedOp = ncclRedOp_t;
+using CclComm = ncclComm_t;
+using CclId = ncclUniqueId;
+
+// The variable that makes every launch wait (CheckLaunch), named in asynchronous errors.
+inline constexpr const char* kSyncEnv = "INFINITRAIN_CUDA_SYNC";
+// All-reduces are not cut into segments unless INFINITRAIN_CCL_SEGMENT_MB says so.
+inline constexpr int64_t kAllReduceSegmentBytes = 0;
 
 inline void CheckVendor(cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -102,6 +123,13 @@ inline void CheckBlas(cublasStatus_t s, const char* what) {
     if (s != CUBLAS_STATUS_SUCCESS) {
         throw std::runtime_error(std::string(what) + " failed: " + cublasGetStatusString(s));
     }
+}
+
+// Split-K partial sums stay in float32 even for bfloat16/float16 outputs (rounded once, as on the cpu).
+inline void ConfigureBlasHandle(BlasHandle h) {
+    CheckBlas(cublasSetMathMode(
+                  h, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+              "cublasSetMathMode");
 }
 
 // TF32 tensor cores for float32 GEMMs only when INFINITRAIN_CUDA_TF32=1: they round inputs to 10 mantissa bits,

@@ -232,7 +232,7 @@ inline Broadcast<N, int32_t> Narrow32(const Broadcast<N>& b) {
 }
 
 // Grid-stride loop over [0, n) with indices of type I.
-#define GPU_KERNEL_LOOP_T(I, i, n)                                                 \
+#define GPU_KERNEL_LOOP_T(I, i, n)                                             \
     for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
          i += static_cast<I>(gridDim.x) * blockDim.x)
 

@@ -30,7 +30,8 @@ struct PermutePlan {
 
 template <typename U, typename I>
 __global__ void PermuteKernel(PermutePlan<I> p, const U* __restrict__ x, U* __restrict__ y, I n) {
-    for (I q = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; q < n; q += static_cast<I>(gridDim.x) * blockDim.x) {
+    for (I q = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; q < n;
+         q += static_cast<I>(gridDim.x) * blockDim.x) {
         I i = q, off = 0;
         for (int d = p.nd - 1; d >= 0; --d) {
             const I t = i / p.size[d];

@@ -10,6 +10,7 @@ flag //toolchains/cuda:archs (default sm_90; a comma list such as
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
 load("@local_cuda//:sdk.bzl", "CUDA_MISSING", "CUDA_PATH")
+load("//toolchains/gpu:gpu_library.bzl", "GPU_LIBRARY_ATTRS", "gpu_library")
 
 CudaArchsInfo = provider(doc = "GPU architectures to compile for.", fields = ["archs"])
 
@@ -50,21 +51,7 @@ def _gencode(arch):
 def _cuda_library_impl(ctx):
     if CUDA_MISSING:
         _fail_missing()
-    cc_toolchain = find_cpp_toolchain(ctx)
-    features = cc_common.configure_features(
-        ctx = ctx,
-        cc_toolchain = cc_toolchain,
-        requested_features = ctx.features,
-        unsupported_features = ctx.disabled_features,
-    )
-    deps = [d[CcInfo] for d in ctx.attr.deps]
-    own = CcInfo(compilation_context = cc_common.create_compilation_context(
-        headers = depset(ctx.files.hdrs),
-        defines = depset(ctx.attr.defines),
-    ))
-    cc = cc_common.merge_cc_infos(cc_infos = [own] + deps).compilation_context
-
-    args = [
+    flags = [
         "-x",
         "cu",
         "-std=c++17",
@@ -73,72 +60,15 @@ def _cuda_library_impl(ctx):
         "-Xcompiler",
         "-fPIC",
         "-ccbin",
-        cc_toolchain.compiler_executable,
+        find_cpp_toolchain(ctx).compiler_executable,
     ]
-    args += [_gencode(a) for a in ctx.attr._archs[CudaArchsInfo].archs]
-
-    # The workspace root and its generated twin, then what the deps export.
-    args += ["-I.", "-I" + ctx.bin_dir.path]
-    for d in cc.includes.to_list() + cc.quote_includes.to_list():
-        args.append("-I" + d)
-    for d in cc.system_includes.to_list():
-        args += ["-isystem", d]
-    args += ["-D" + d for d in cc.defines.to_list() + ctx.attr.local_defines]
-    args += ctx.attr.copts
-    inputs = depset(ctx.files.srcs + ctx.files.hdrs, transitive = [cc.headers])
-
-    objs = []
-    for src in ctx.files.srcs:
-        if not src.path.endswith(".cu"):
-            continue
-        stem = src.short_path[:-len(".cu")].replace("../", "external/")
-        obj = ctx.actions.declare_file("_objs/%s/%s.pic.o" % (ctx.label.name, stem))
-        ctx.actions.run(
-            # By absolute path: nvcc finds cicc, ptxas and its headers next to its real location, which a
-            # sandbox's per-file symlinks would hide.
-            executable = CUDA_PATH + "/bin/nvcc",
-            arguments = args + ["-c", src.path, "-o", obj.path],
-            inputs = depset([src], transitive = [inputs]),
-            outputs = [obj],
-            mnemonic = "NvccCompile",
-            use_default_shell_env = True,  # PATH for the host compiler's assembler
-            progress_message = "Compiling CUDA %s" % src.short_path,
-        )
-        objs.append(obj)
-
-    compilation_outputs = cc_common.create_compilation_outputs(
-        objects = depset(objs),
-        pic_objects = depset(objs),
-    )
-    linking_context, _ = cc_common.create_linking_context_from_compilation_outputs(
-        actions = ctx.actions,
-        feature_configuration = features,
-        cc_toolchain = cc_toolchain,
-        compilation_outputs = compilation_outputs,
-        linking_contexts = [d.linking_context for d in deps],
-        name = ctx.label.name,
-        alwayslink = ctx.attr.alwayslink,
-        disallow_dynamic_library = True,
-    )
-    return [
-        DefaultInfo(files = depset(objs)),
-        CcInfo(compilation_context = cc, linking_context = linking_context),
-    ]
+    flags += [_gencode(a) for a in ctx.attr._archs[CudaArchsInfo].archs]
+    return gpu_library(ctx, CUDA_PATH + "/bin/nvcc", flags, "NvccCompile")
 
 cuda_library = rule(
     implementation = _cuda_library_impl,
     doc = "Compiles .cu sources with nvcc into PIC objects and exposes them as CcInfo.",
-    attrs = {
-        "srcs": attr.label_list(allow_files = [".cu"]),
-        "hdrs": attr.label_list(allow_files = [".h", ".cuh", ".hpp"]),
-        "deps": attr.label_list(providers = [CcInfo]),
-        "copts": attr.string_list(doc = "Extra nvcc flags."),
-        "defines": attr.string_list(doc = "Defines for these sources and for dependents."),
-        "local_defines": attr.string_list(doc = "Defines for these sources only."),
-        "alwayslink": attr.bool(default = True, doc = "Link every object (kernels register from file scope)."),
-        "_archs": attr.label(default = Label("//toolchains/cuda:archs")),
-        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
-    },
+    attrs = dict(GPU_LIBRARY_ATTRS, _archs = attr.label(default = Label("//toolchains/cuda:archs"))),
     fragments = ["cpp"],
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )

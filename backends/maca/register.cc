@@ -1,0 +1,8 @@
+#include "backends/maca/maca.h"
+#include "infinitrain/provider.h"
+
+namespace infinitrain::maca {
+
+void RegisterBackend() { RegisterProvider({"maca", DataType::kBFloat16}); }
+
+}  // namespace infinitrain::maca
