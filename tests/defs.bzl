@@ -6,7 +6,7 @@ def infinitrain_py_test(name, src, size = "medium", tags = [], data = [], deps =
         srcs = [src, "pytest_main.py"],
         main = "pytest_main.py",
         args = ["$(location %s)" % src],
-        data = data + ["conftest.py", "harness.py", "//docs:ops.md"],
+        data = data + ["conftest.py", "harness.py", "numpy_models.py", "//docs:ops.md"],
         deps = ["//python:infinitrain"] + deps,
         size = size,
         tags = tags,
