@@ -38,6 +38,12 @@ def losses(stdout):
     return out
 
 
+def norms(stdout):
+    return {
+        int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step (\d+)/\d+ .*\| norm (\S+) \|", stdout, re.M)
+    }
+
+
 @pytest.fixture
 def corpus(tmp_path):
     phrase = rng().integers(0, 40, size=9)
@@ -124,6 +130,11 @@ def test_data_parallel_matches_one_device(model, corpus):
     assert sorted(one) == sorted(two) == [1, 2, 3, 4, 5]
     for s in one:
         assert abs(float(one[s]) - float(two[s])) <= 1e-5, (s, one, two)
+    # Averaged, not summed, gradients: clipping and AdamW would hide a factor of 2 in the weights; the norm shows it.
+    n1, n2 = norms(out_one), norms(out_two)
+    assert sorted(n1) == sorted(n2) == [1, 2, 3, 4, 5]
+    for s in n1:
+        assert abs(n1[s] - n2[s]) <= 2e-4 + 1e-5 * n1[s], (s, n1, n2)
     val = [float(re.search(r"val loss ([0-9.]+)", o).group(1)) for o in (out_one, out_two)]
     assert abs(val[0] - val[1]) <= 1e-5, val  # validation sees the same global batch
 
