@@ -69,7 +69,7 @@ def clone(t):
     return _C.op("cast")([t], [t.dtype])[0]
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("name", FUSED)
 def test_composite_matches_native(name, dtype):
     ins, attrs = inputs_for(name, dtype)

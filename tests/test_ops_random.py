@@ -9,7 +9,7 @@ import pytest
 
 from harness import assert_close, randn, rng, round_to, run, to_device
 
-DTYPES = ("float32", "bfloat16", "float64")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 N = 100_000
 
 # ---- the documented formula, in NumPy (uint64 array arithmetic wraps mod 2^64) ----
@@ -45,6 +45,8 @@ def _round_exact(v, dtype):
     if dtype == "bfloat16":
         m, e = np.frexp(v)  # v = m * 2^e, 0.5 <= |m| < 1: keep 8 significant bits
         return np.ldexp(np.rint(m * 256.0), e - 8)
+    if dtype == "float16":
+        return v.astype(np.float16).astype(np.float64)  # NumPy rounds float64 to float16 once
     return v
 
 
@@ -123,8 +125,9 @@ def _normal_ref(seed, offset, n, mean, std):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mean,std", [(0.0, 1.0), (0.5, 2.0), (-3, 0.02)])
 def test_normal_statistics(dtype, mean, std):
-    if dtype == "bfloat16" and std < 0.1:
-        pytest.skip("bfloat16's grid near 3 is 1/64, comparable to std: the formula test covers it")
+    if dtype in ("bfloat16", "float16") and std < 0.1:
+        # The grid near 3 (1/64, 1/512) is 78% and 10% of std: rounding shifts P(|z| < k) past any bound.
+        pytest.skip(f"{dtype}'s grid near 3 is too coarse next to std {std}: the formula test covers it")
     seed = int(rng().integers(0, 2**62))
     x = _nan_tensor(N, dtype)
     assert run("normal_", [x], [mean, std, seed, 12345]) == []
@@ -148,7 +151,7 @@ def test_normal_matches_formula(dtype):
     expected = _normal_ref(seed, offset, 5003, 0.25, 1.5)
     # log/cos may differ in the last double bit between libms, so not bit for bit:
     # float64 to a few ulps, float32/bfloat16 to one ulp of the dtype.
-    rtol = {"float64": 1e-13, "float32": 2**-23, "bfloat16": 2**-7}[dtype]
+    rtol = {"float64": 1e-13, "float32": 2**-23, "bfloat16": 2**-7, "float16": 2**-10}[dtype]
     assert_close(x, expected, dtype, rtol=rtol, atol=1e-12, what="normal_")
 
 
