@@ -35,16 +35,42 @@ def test_linear_forward_backward():
     assert_close(xt.grad, r32(g) @ w, "float32")
 
 
-def test_embedding_layernorm_rmsnorm():
+def test_embedding():
     emb = nn.Embedding(7, 4, device=DEVICE)
     idx = rng().integers(0, 7, size=(2, 3))
     assert_close(emb(t(idx, "int64")), emb.weight.numpy()[idx], "float32")
-    x = rng().standard_normal((3, 6))
-    ln = nn.LayerNorm(6, device=DEVICE)
-    mu, var = r32(x).mean(-1, keepdims=True), r32(x).var(-1, keepdims=True)
-    assert_close(ln(t(x)), (r32(x) - mu) / np.sqrt(var + 1e-5), "float32")
-    rms = nn.RMSNorm(6, eps=1e-6, device=DEVICE)
-    assert_close(rms(t(x)), r32(x) / np.sqrt((r32(x) ** 2).mean(-1, keepdims=True) + 1e-6), "float32")
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_layernorm_and_rmsnorm_modules_with_weights_and_bias(rms):
+    """Weights away from 1 and a nonzero bias (a module that ignored either would pass with the defaults)."""
+    gen = rng()
+    x, w, b, g = (
+        gen.standard_normal((3, 4, 6)),
+        1 + gen.standard_normal(6),
+        gen.standard_normal(6),
+        gen.standard_normal((3, 4, 6)),
+    )
+    x, w, b, g = r32(x), r32(w), r32(b), r32(g)
+    eps = 1e-6 if rms else 1e-5
+    m = nn.RMSNorm(6, eps=eps, device=DEVICE) if rms else nn.LayerNorm(6, eps=eps, device=DEVICE)
+    m.weight.copy_(t(w))
+    if not rms:
+        m.bias.copy_(t(b))
+    mu = 0.0 if rms else x.mean(-1, keepdims=True)
+    var = (x * x).mean(-1, keepdims=True) if rms else x.var(-1, keepdims=True)
+    rstd = 1 / np.sqrt(var + eps)
+    xhat = (x - mu) * rstd
+    xt = t(x, requires_grad=True)
+    y = m(xt)
+    assert_close(y, xhat * w + (0.0 if rms else b), "float32", what="forward")
+    y.backward(t(g))
+    d = g * w
+    dx = rstd * (d - (0.0 if rms else d.mean(-1, keepdims=True)) - xhat * (d * xhat).mean(-1, keepdims=True))
+    assert_close(xt.grad, dx, "float32", what="dx")
+    assert_close(m.weight.grad, (g * xhat).sum((0, 1)), "float32", what="dweight")
+    if not rms:
+        assert_close(m.bias.grad, g.sum((0, 1)), "float32", what="dbias")
 
 
 def test_dropout_module_train_and_eval():
