@@ -110,6 +110,7 @@ SDPA_DIMS = [
     (1, 2, 2, 7, 33, 16),  # more keys than queries (non-causal only)
     (3, 4, 2, 17, 1, 8),
     (2, 6, 2, 64, 64, 64),  # enough (b, h) work for the thread-parallel path
+    (4, 4, 2, 33, 33, 16),  # 8 (b, kv head) pairs: the backward splits over heads at 8 threads too
 ]
 
 

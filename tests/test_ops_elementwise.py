@@ -2,6 +2,8 @@
 binary arithmetic and comparisons, where, masked_fill, axpy_ and swiglu, against float64 NumPy
 references computed from the dtype-rounded inputs."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -441,3 +443,15 @@ def test_scalar_op_errors():
         run("swiglu", [_f32(2, 3), _f32(3, 2)])
     with pytest.raises(ValueError, match="swiglu_backward: .*dtype mismatch"):
         run("swiglu_backward", [_f32(3), _f32(3), _tensor(randn(3), "float64")])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="counts threads through /proc (Linux)")
+def test_openmp_runs_the_requested_threads():
+    """The thread-count targets (tests/BUILD.bazel) really run their count: a large op starts that many OpenMP
+    threads, which stay alive."""
+    want = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count())
+    x = _tensor(randn(1 << 20), "float32")
+    run("add", [x, x])
+    with open("/proc/self/status") as f:
+        threads = int(next(line for line in f if line.startswith("Threads:")).split()[1])
+    assert threads >= want, (threads, want)
