@@ -16,7 +16,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "test_counts")
-TARGET = re.compile(r"^(//tests:\S+)\s+(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)")
+TARGET = re.compile(r"^(//tests:\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 SKIP = re.compile(r"^SKIPPED \[(\d+)\] ([^:]+):\d+: (.*)$")
 
@@ -95,7 +95,7 @@ def main(argv):
         print(f"{label}: {totals['passed']} tests passed, fewer than the {was} recorded: tests stopped running")
         return 1
     if totals["passed"] > was:
-        print(f"{label}: {totals['passed']} tests passed, {was} recorded: record the new count (.ci/run --record-counts)")
+        print(f"{label}: {totals['passed']} tests passed, {was} recorded (.ci/run --record-counts records it)")
     return 0
 
 

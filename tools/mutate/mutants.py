@@ -18,7 +18,7 @@ class Mutant(NamedTuple):
         return "cpp" if self.path.endswith((".cc", ".h")) else "py"
 
 
-MODELS = ("tests/test_models.py", "tests/test_model_reference.py", "tests/test_llmc_files.py")
+MODELS = ("tests/test_model_reference.py", "tests/test_llmc_files.py", "tests/test_models.py")
 TRAIN = ("tests/test_train.py", "tests/test_train_flags.py")
 NN = ("tests/test_nn_optim.py", "tests/test_autograd.py", "tests/test_model_reference.py", "tests/test_models.py")
 DATA = ("tests/test_data.py", "tests/test_llmc_files.py")
