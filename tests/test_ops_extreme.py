@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from harness import TOL, assert_close, rng, round_to, run, to_device
+from harness import DEVICE, TOL, assert_close, rng, round_to, run, to_device
+from infinitrain import _C
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -106,7 +107,15 @@ def test_cross_entropy_large_logits(dtype):
     assert_close(dx, g * want / n, dtype, what="dlogits at |x| <= 1e4")
 
 
-def test_cross_entropy_masked_logits_and_nan():
+def composite(op, inputs, attrs):
+    """Runs an op through its composite (what a device without the kernel runs)."""
+    out = _C.op(op).call_composite(list(inputs), list(attrs))
+    _C.synchronize(DEVICE)
+    return out
+
+
+@pytest.mark.parametrize("call", [run, composite], ids=["kernel", "composite"])
+def test_cross_entropy_masked_logits_and_nan(call):
     """-inf logits (masked vocabulary) are fine unless they are the target (loss inf); a fully masked row that is
     ignored changes neither the loss nor the gradient; NaN in a counted row makes the loss NaN."""
     gen = rng()
@@ -114,12 +123,12 @@ def test_cross_entropy_masked_logits_and_nan():
     x[0, [2, 5]] = -np.inf
     x[1, :] = -np.inf  # padding row, ignored
     target = np.array([1, -100, 3, 6])
-    loss, lse = run("cross_entropy", [to_device(x, "float64"), to_device(target, "int64")], [-100])
+    loss, lse = call("cross_entropy", [to_device(x, "float64"), to_device(target, "int64")], [-100])
     keep = [0, 2, 3]
     want = np.mean([ref_lse(x[[r]])[0] - x[r, target[r]] for r in keep])
     assert_close(loss, want, "float64", what="loss with masked logits")
     assert_close(lse.numpy()[keep], ref_lse(x[keep]), "float64", what="lse")
-    dx = run(
+    dx = call(
         "cross_entropy_backward",
         [to_device(x, "float64"), to_device(target, "int64"), lse, to_device(np.array(1.0), "float64")],
         [-100],
@@ -127,11 +136,11 @@ def test_cross_entropy_masked_logits_and_nan():
     assert (dx[1] == 0).all() and dx[0, 2] == 0 and dx[0, 5] == 0 and np.isfinite(dx).all()
     x2 = x.copy()
     x2[0, target[0]] = -np.inf
-    loss2, _ = run("cross_entropy", [to_device(x2, "float64"), to_device(target, "int64")], [-100])
+    loss2, _ = call("cross_entropy", [to_device(x2, "float64"), to_device(target, "int64")], [-100])
     assert loss2.numpy() == np.inf
     x3 = x.copy()
     x3[2, 0] = np.nan
-    loss3, lse3 = run("cross_entropy", [to_device(x3, "float64"), to_device(target, "int64")], [-100])
+    loss3, lse3 = call("cross_entropy", [to_device(x3, "float64"), to_device(target, "int64")], [-100])
     assert np.isnan(loss3.numpy()) and np.isnan(lse3.numpy()[2]) and np.isfinite(lse3.numpy()[[0, 3]]).all()
 
 
