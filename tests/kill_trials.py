@@ -69,7 +69,7 @@ def reference_losses(data, steps, env):
                 losses[int(m.group(1))] = m.group(2)
     finally:
         proc.kill()
-        proc.wait()
+        proc.wait(timeout=60)
     return losses
 
 
@@ -120,7 +120,7 @@ def main():
         while time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
-        out, err = proc.communicate()
+        out, err = proc.communicate(timeout=120)
         for s in (out or "").splitlines():
             m = STEP.match(s)
             if m:

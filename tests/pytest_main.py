@@ -1,4 +1,9 @@
-"""Entry point of every py_test: runs pytest on the test file given as the first argument."""
+"""Entry point of every py_test: runs pytest on the test file given as the first argument.
+
+--omp-threads=N runs the file with N OpenMP threads (the op suites run at 1, the machine's count and 8, so every
+parallel split is exercised whatever the machine). The OpenMP runtime reads OMP_NUM_THREADS once, when it loads
+with the core library, so it is set here, before anything imports infinitrain.
+"""
 
 import os
 import sys
@@ -6,6 +11,13 @@ import sys
 import pytest
 
 if __name__ == "__main__":
-    target = sys.argv[1]
-    args = [target, "-q", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(os.path.abspath(target))]
-    sys.exit(pytest.main(args + sys.argv[2:]))
+    target, rest = sys.argv[1], []
+    for arg in sys.argv[2:]:
+        if arg.startswith("--omp-threads="):
+            os.environ["OMP_NUM_THREADS"] = arg.split("=", 1)[1]
+            os.environ["OMP_WAIT_POLICY"] = "passive"  # more threads than cores: waiting threads must not spin
+        else:
+            rest.append(arg)
+    # -rs: the log lists every skipped test with its reason (.ci/run sums them up).
+    args = [target, "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(os.path.abspath(target))]
+    sys.exit(pytest.main(args + rest))

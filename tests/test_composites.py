@@ -87,7 +87,7 @@ def clone(t):
     return _C.op("cast")([t], [t.dtype])[0]
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("name", FUSED)
 def test_composite_matches_native(name, dtype):
     ins, attrs = inputs_for(name, dtype)
@@ -97,14 +97,11 @@ def test_composite_matches_native(name, dtype):
     comp_in = [clone(t) for t in ins]
     comp = _C.op(name).call_composite(comp_in, attrs) or [comp_in[i] for i in inplace]
     assert len(native) == len(comp)
-    rtol, atol = TOL[dtype]
-    if dtype == "bfloat16":
-        # The composite rounds every intermediate to bfloat16; the kernel keeps float32 inside.
-        rtol, atol = 5e-2, 5e-2
-    elif dtype == "float32":
-        rtol, atol = 1e-5, 1e-5  # different float32 evaluation orders
+    # Composites compute low-precision dtypes in float32, as the kernels do: the dtype's own tolerance holds
+    # (measured worst: 0.05 of it for float32, 0.02 for bfloat16, 0.7 for float16 sdpa).
     for k, (a, b) in enumerate(zip(native, comp, strict=True)):
         assert a.shape == b.shape and a.dtype == b.dtype, (k, a, b)
+        rtol, atol = TOL[a.dtype if a.dtype in TOL else dtype]
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=rtol, atol=atol, err_msg=f"{name} output {k}")
 
 

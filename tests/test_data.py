@@ -382,6 +382,19 @@ def test_loader_rejects_too_few_tokens(tmp_path):
         DataLoader(exact, B, T, rank=1, world_size=2)
 
 
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_loader_chunk_count_at_the_boundary(extra):
+    """k chunks of B*T tokens need k*B*T + 1 tokens (the last target): exactly k*B*T tokens make k - 1 batches, and
+    two epochs read without a short read."""
+    B, T, k = 3, 5, 4
+    toks = np.arange(k * B * T + extra)
+    loader = DataLoader(toks, B, T, shuffle=True, seed=1)
+    assert loader.batches_per_epoch == (k if extra else k - 1)
+    for _ in range(2 * loader.batches_per_epoch):
+        x, y = next(loader)
+        np.testing.assert_array_equal(y, x + 1)
+
+
 def test_loader_rejects_bad_arguments():
     toks = np.arange(100)
     with pytest.raises(ValueError, match=r"batch_size"):

@@ -167,6 +167,29 @@ def test_generate_extends_and_is_seeded(kind):
     assert (greedy[:, 3] == logits.numpy()[:, -1].argmax(-1)).all()
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+def test_generate_samples_the_tempered_top_k_distribution(kind):
+    """Each new token is drawn (numpy Generator(seed).choice) from softmax(logits / temperature) over the top k."""
+    gen = rng()
+    m = tiny(kind)
+    head = m.wte.weight if kind == "gpt2" else m.lm_head.weight
+    # Logits of size ~1.5: temperature 0.6 and 1 give clearly different distributions (larger ones are one-hot).
+    head.copy_(it.from_numpy(gen.standard_normal(head.shape) * 1.5 / np.sqrt(head.shape[1]), device=DEVICE))
+    if kind == "gpt2":  # the tied head favours the input token strongly; a small final norm weight evens it out
+        m.ln_f.weight.copy_(it.from_numpy(np.full(m.ln_f.weight.shape, 0.3), device=DEVICE))
+    start = gen.integers(0, V, size=(2, 3))
+    got = m.generate(start, 6, temperature=0.6, top_k=7, seed=9)
+    draw, seq = np.random.default_rng(9), start
+    for _ in range(6):
+        logits = m(it.from_numpy(seq, device=DEVICE))[0].numpy()[:, -1, :V].astype(np.float64) / 0.6
+        kth = np.sort(logits, axis=-1)[:, -7][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        seq = np.concatenate([seq, [[draw.choice(V, p=row)] for row in p]], axis=1)
+    np.testing.assert_array_equal(got, seq)
+
+
 def test_model_input_errors():
     m = tiny("gpt2")
     with pytest.raises(ValueError, match="exceeds block_size"):

@@ -1,6 +1,9 @@
 """The op table is the single source: docs/ops.md matches it, every op has a CPU
 kernel and a test that runs it, and schemas are well formed."""
 
+import ast
+import importlib.util
+import inspect
 import os
 import re
 
@@ -48,3 +51,78 @@ def test_schemas_are_well_formed():
             _C.op(b)  # raises for a backward op that is not in the table
         # Every fused op has a composite, so every device can run it.
         assert o["tier"] != "fused" or o["composite"], o["name"]
+
+
+# Every dtype the table can name; an op declaring "all" must be run in each.
+EVERY_DTYPE = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
+DTYPE_PARAMS = ("dtype", "src", "dst")
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple, set)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _param_sets(fn):
+    """(argument names, values) of each parametrize mark of a test function."""
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        for value in mark.args[1]:
+            if type(value).__name__ == "ParameterSet":  # pytest.param(...)
+                values = value.values
+            else:
+                values = value if len(names) > 1 else (value,)
+            yield names, values
+
+
+def exercised_dtypes():
+    """(op, dtype) pairs the op suites (the files running ops through harness.run) run: a test function runs the
+    ops it names (in its body or its parameters) in the dtypes it is parametrized with, or in its module's DTYPES
+    when it loops over them."""
+    ops = {o["name"] for o in _C.ops()}
+    seen = set()
+    for name in sorted(os.listdir(HERE)):
+        if not (name.startswith("test_") and name.endswith(".py")) or name == "test_op_table.py":
+            continue
+        with open(os.path.join(HERE, name)) as f:
+            if not re.search(r"^from harness import .*\brun\b", f.read(), re.M):
+                continue  # not an op suite (they run ops through harness.run)
+        spec = importlib.util.spec_from_file_location(f"_optable_{name[:-3]}", os.path.join(HERE, name))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for fname, fn in vars(module).items():
+            if not fname.startswith("test_") or not callable(fn):
+                continue
+            source = inspect.getsource(fn)
+            named, dtypes = set(), set()
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ops:
+                    named.add(node.value)
+            for names, values in _param_sets(fn):
+                for arg, value in zip(names, values, strict=True):
+                    if arg in DTYPE_PARAMS:
+                        dtypes.add(value)
+                    named.update(s for s in _strings(value) if s in ops)
+            if re.search(r"for dtype in DTYPES", source):
+                dtypes.update(module.DTYPES)
+            seen.update((o, d) for o in named for d in dtypes)
+    return seen
+
+
+def test_every_declared_dtype_is_exercised():
+    """The op suites run every op in every dtype the table says it accepts (float16 included): dropping a dtype
+    from a suite's list fails here."""
+    seen = exercised_dtypes()
+    missing = []
+    for o in _C.ops():
+        if o["tier"] == "provider":
+            continue
+        declared = EVERY_DTYPE if o["dtypes"] == "all" else o["dtypes"].split()
+        missing += [f"{o['name']} {d}" for d in declared if (o["name"], d) not in seen]
+    assert not missing, f"declared dtypes no op suite runs: {missing}"

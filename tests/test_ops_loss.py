@@ -5,7 +5,7 @@ import pytest
 
 from harness import assert_close, randn, rng, round_to, run, to_device
 
-DTYPES = ("float32", "bfloat16", "float64")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 IGNORE = -100
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness import randn, rng, round_to, run, to_device
 
-FLOATS = ("float32", "bfloat16", "float64")
+FLOATS = ("float32", "bfloat16", "float16", "float64")
 ALL = ("float32", "bfloat16", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
 
 

@@ -4,10 +4,12 @@ traceback. Every failure is one `error: ...` line and a non-zero exit."""
 
 import errno
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -66,19 +68,52 @@ def start_train(*flags):
     )
 
 
+def _stdout_lines(proc):
+    """A queue of the child's stdout lines (None at the end), filled by a thread: reads wait with a timeout, so a
+    child that hangs fails the test instead of hanging it."""
+    if not hasattr(proc, "lines"):
+        proc.lines = queue.Queue()
+
+        def pump():
+            for line in proc.stdout:
+                proc.lines.put(line)
+            proc.lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+    return proc.lines
+
+
 def wait_for_step(proc, step, timeout=120):
     """Reads the child's stdout until it prints step `step`; returns the lines read."""
-    lines, deadline = [], time.time() + timeout
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+    lines, deadline, q = [], time.time() + timeout, _stdout_lines(proc)
+    while True:
+        try:
+            line = q.get(timeout=max(0.0, deadline - time.time()))
+        except queue.Empty:
+            break
+        if line is None:
             break
         lines.append(line)
         m = STEP.match(line)
         if m and int(m.group(1)) >= step:
             return lines
     proc.kill()
-    raise AssertionError(f"the run did not reach step {step}: {''.join(lines)} {proc.stderr.read()}")
+    _, err = finish(proc)
+    raise AssertionError(f"the run did not reach step {step} in {timeout} s: {''.join(lines)} {err}")
+
+
+def finish(proc, timeout=120):
+    """Waits for the child to exit (killing it after `timeout` s); returns (the rest of stdout, stderr)."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout)
+        raise AssertionError(f"the run did not exit within {timeout} s") from None
+    q, out = _stdout_lines(proc), []
+    while (line := q.get(timeout=timeout)) is not None:
+        out.append(line)
+    return "".join(out), proc.stderr.read()
 
 
 # ---- signals ------------------------------------------------------------------------------------------------
@@ -93,7 +128,7 @@ def test_sigterm_and_first_ctrl_c_save_a_checkpoint_and_resume_exactly(sig, stat
     proc = start_train(*args, f"--checkpoint_dir={ckpt}")
     lines = wait_for_step(proc, 3)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = finish(proc)
     out = "".join(lines) + out
     assert proc.returncode == status, out + err
     assert "Traceback" not in err, err
@@ -104,12 +139,12 @@ def test_sigterm_and_first_ctrl_c_save_a_checkpoint_and_resume_exactly(sig, stat
     resumed = start_train(*args, f"--checkpoint_dir={ckpt}", "--resume")
     res_out = "".join(wait_for_step(resumed, stopped + 3))
     resumed.kill()
-    resumed.communicate()
+    finish(resumed)
     assert f"resumed from {ckpt / f'ckpt_{stopped:08d}.bin'} at step {stopped}" in res_out, res_out
     reference = start_train(*args)
     full = losses("".join(wait_for_step(reference, stopped + 3)))
     reference.kill()
-    reference.communicate()
+    finish(reference)
     res = losses(res_out)
     for s in range(stopped + 1, stopped + 4):
         assert res[s] == full[s], (s, res, full)
@@ -120,7 +155,7 @@ def test_second_ctrl_c_aborts(corpus, tmp_path):
     wait_for_step(proc, 2)
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    out, err = finish(proc)
     assert proc.returncode in (130, 1), (out, err)
     assert "Traceback" not in err, err
     assert not list((tmp_path / "c").glob(".*.tmp"))
@@ -198,7 +233,7 @@ def test_two_runs_on_one_checkpoint_directory_the_second_is_refused(corpus, tmp_
         assert not list(ckpt.glob("ckpt_*"))
     finally:
         first.kill()
-        first.communicate()
+        finish(first)
     # The kernel released the killed run's lock.
     run_train(f"--input_bin={corpus}", "--num_iteration=1", *TINY, f"--checkpoint_dir={ckpt}")
 

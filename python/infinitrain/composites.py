@@ -122,9 +122,10 @@ def cross_entropy(logits, target, ignore_index):
     lse = F.add(F.log(F.sum(F.exp(F.sub(x, m)), -1, keepdim=True)), m)
     onehot = F.eq(from_numpy(np.arange(V, dtype=np.int64), device=logits.device).reshape(1, V), target.reshape(N, 1))
     picked = F.sum(F.where(onehot, x, 0.0), -1, keepdim=True)  # not x * 0: logits may be -inf
-    valid = F.cast(F.ne(target, from_numpy(np.array(ignore_index, np.int64), device=logits.device)), stat)
-    count = F.clamp(F.sum(valid), 1.0, None)
-    loss = F.div(F.sum(F.mul(F.sub(lse, picked).reshape(N), valid)), count)
+    keep = F.ne(target, from_numpy(np.array(ignore_index, np.int64), device=logits.device))
+    count = F.clamp(F.sum(F.cast(keep, stat)), 1.0, None)
+    # Selected, not multiplied by 0: an ignored row may be fully masked (-inf), its lse NaN.
+    loss = F.div(F.sum(F.where(keep, F.sub(lse, picked).reshape(N), 0.0)), count)
     return loss, lse.reshape(N)
 
 
@@ -150,8 +151,10 @@ def cross_entropy_backward(logits, target, lse, grad, ignore_index):
     count = F.clamp(F.sum(valid), 1.0, None)
     p = F.exp(F.sub(x, _down(lse, x.dtype).reshape(N, 1)))
     d = F.sub(p, F.cast(onehot, x.dtype))
-    scale = F.div(F.mul(valid, _down(grad, x.dtype)), count).reshape(N, 1)
-    return [_down(F.mul(d, scale), logits.dtype)]
+    scale = F.div(_down(grad, x.dtype), count)
+    # Ignored rows are selected out, not multiplied by 0: a fully masked one has NaN probabilities.
+    keep = F.ne(target, from_numpy(np.array(ignore_index, np.int64), device=logits.device)).reshape(N, 1)
+    return [_down(F.where(keep, F.mul(d, scale), 0.0), logits.dtype)]
 
 
 def moe_topk(logits, k, normalize):
