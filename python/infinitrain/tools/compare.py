@@ -7,7 +7,7 @@ module or op whose statistics part). Writes a Markdown summary and PNG plots; ex
     ./bazelw run //python:compare -- RUN_A RUN_B
 
 With --devices it first trains the configuration after `--` once on each device (one after the other), each
-run in <out>/<device>/, then compares them.
+run in <out>/A_<device>/ and <out>/B_<device>/, then compares them.
 """
 
 import argparse
@@ -226,8 +226,8 @@ def train_on_devices(devices, train_flags, out, with_precision):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env.pop("BUILD_WORKING_DIRECTORY", None)
     runs = []
-    for device in devices:
-        run_dir = os.path.join(out, device.replace(":", "_"))
+    for which, device in zip("AB", devices, strict=True):
+        run_dir = os.path.join(out, f"{which}_{device.replace(':', '_')}")
         os.makedirs(run_dir, exist_ok=True)
         metrics = os.path.join(run_dir, "metrics.jsonl")
         if os.path.exists(metrics):

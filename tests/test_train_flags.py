@@ -1,0 +1,314 @@
+"""The train CLI's InfiniTrain-compatible flags: flag files, refusal of unknown and unimplemented flags by name,
+model presets, learning-rate schedules, --load extending a finished run, --overfit_single_batch, metrics and
+TensorBoard files, and activation recompute (same loss and gradients, less memory)."""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+from harness import DEVICE, rng
+from infinitrain.data import DataLoader, read_tokens, write_tokens
+from infinitrain.runs import read_metrics
+from infinitrain.tools import model_registry as R
+from infinitrain.tools import recompute
+from infinitrain.tools.schedule import Schedule
+from infinitrain.tools.tensorboard import crc32c, read_scalars
+
+TINY_RUN = ["--sequence_length=16", "--batch_size=4", "--freq_generate_txt=0"]
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", *TINY_RUN]
+
+# InfiniTrain's example/gpt2/train.flags and example/llama3/train.flags, as they are.
+GPT2_FLAGS = """# GPT-2 training defaults. CLI options after --flagfile override these values.
+--model=gpt2
+--optimizer=sgd
+--learning_rate=0.0001
+--batch_size=4
+--sequence_length=64
+--total_batch_size=256
+--num_iteration=10
+--dtype=float32
+--zero_stage=0
+--lr_decay_style=constant
+--lora_target_modules=c_attn,c_proj
+--load_optimizer_state=false
+--save_optimizer_state=false
+--profile_name=gpt2
+"""
+LLAMA3_FLAGS = """# LLaMA3 training defaults. CLI options after --flagfile override these values.
+--model=llama3
+--optimizer=adam
+--learning_rate=0.00001
+--batch_size=4
+--sequence_length=64
+--total_batch_size=256
+--num_iteration=10
+--dtype=float32
+--zero_stage=0
+--lr_decay_style=constant
+--lora_target_modules=c_attn,c_proj,c_fc,c_fc2
+--load_optimizer_state=true
+--save_optimizer_state=true
+--profile_name=llama3
+"""
+
+
+def run_train(*flags, check=True, cwd=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("BUILD_WORKING_DIRECTORY", None)
+    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", *flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def one_line_error(p, *needles):
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, p.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def steps_of(metrics):
+    return read_metrics(metrics)[1]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "train.bin"
+    write_tokens(path, np.tile(rng().integers(0, 40, size=9), 200), kind="gpt2")
+    return str(path)
+
+
+# ---- flag files and refusals ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,family,opt", [(GPT2_FLAGS, "gpt2", "sgd"), (LLAMA3_FLAGS, "llama3", "adam")], ids=["gpt2", "llama3"]
+)
+def test_infinitrain_flags_file_runs(text, family, opt, corpus, tmp_path):
+    """The files run as they are; later command-line flags override them (as in InfiniTrain), here the size."""
+    flagfile = tmp_path / "train.flags"
+    flagfile.write_text(text)
+    metrics = tmp_path / "m.jsonl"
+    small = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--num_iteration=3", "--vocab_size=64"]
+    p = run_train(f"--flagfile={flagfile}", f"--input_bin={corpus}", *small, f"--metrics_file={metrics}")
+    config, steps = read_metrics(metrics)
+    flags = config["flags"]
+    assert config["family"] == family and flags["optimizer"] == opt and flags["lr_decay_style"] == "constant"
+    assert (flags["batch_size"], flags["sequence_length"], flags["total_batch_size"]) == (4, 64, 256)
+    assert flags["save_optimizer_state"] == (opt == "adam") and flags["profile_name"] == family
+    assert sorted(steps) == [1, 2, 3] and "step 3/3" in p.stdout
+    # Warmup (our default of 10 steps) from 0 towards the file's learning rate.
+    lr = float(re.search(r"--learning_rate=(\S+)", text).group(1))
+    assert [steps[s]["lr"] for s in (1, 2, 3)] == pytest.approx([0.0, lr / 10, 2 * lr / 10], rel=1e-12)
+
+
+def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path):
+    base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY]
+    one_line_error(run_train(*base, "--no_such_flag=3", check=False), "no_such_flag")
+    flagfile = tmp_path / "bad.flags"
+    flagfile.write_text("--model=gpt2\n--learning_rate_typo=0.1\n")
+    one_line_error(run_train(*base, f"--flagfile={flagfile}", check=False), "learning_rate_typo")
+    for flag, needle in (
+        ("--tensor_parallel=2", "tensor parallelism is not implemented yet"),
+        ("--zero_stage=1", "ZeRO"),
+        ("--sequence_parallel", "sequence parallelism"),
+        ("--pipeline_parallel=2", "pipeline parallelism"),
+        ("--lora_rank=8", "LoRA is not implemented yet"),
+        ("--recompute_granularity=selective", "selective"),
+        ("--recompute_num_layers=2", "--recompute_num_layers=2"),
+        ("--lr_decay_style=warmdown", "lr_decay_style"),
+    ):
+        one_line_error(run_train(*base, flag, check=False), flag.split("=")[0], needle)
+
+
+def test_model_shape_conflicts_and_vocabulary(corpus, tmp_path):
+    """--n_layer with --llmc_filepath is a conflict; a sized preset does not take shape flags; the vocabulary
+    comes from --vocab_size, the tokenizer or the token file's kind, never from the largest token id."""
+    model_file = tmp_path / "m.bin"
+    it.manual_seed(0)
+    R.resolve("gpt2", shape={"n_layer": 1, "n_head": 2, "n_embd": 32}, sequence_length=16, vocab_size=64).build(
+        "cpu"
+    ).save_llmc(str(model_file))
+    base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY_RUN]
+    one_line_error(run_train(*base, f"--llmc_filepath={model_file}", "--n_layer=2", check=False), "--n_layer conflicts")
+    one_line_error(run_train(*base, "--model=gpt2-medium", "--n_layer=2", check=False), "gpt2-medium fixes")
+    one_line_error(run_train(*base, "--model=gpt5", check=False), "gpt5", "gpt2-xl")
+    metrics = tmp_path / "m.jsonl"
+    run_train(*base, f"--llmc_filepath={model_file}", f"--metrics_file={metrics}")
+    assert read_metrics(metrics)[0]["model_config"]["vocab_size"] == 64  # the file's
+    metrics = tmp_path / "k.jsonl"
+    run_train(*base, "--n_layer=1", "--n_head=2", "--n_embd=16", f"--metrics_file={metrics}")
+    assert read_metrics(metrics)[0]["model_config"]["vocab_size"] == 50257  # a GPT-2 token file: GPT-2's
+
+
+# ---- presets --------------------------------------------------------------------------------------------------
+
+# Published parameter counts (GPT-2: untied counting of the tied embedding once, 50257 tokens; LLaMA 3.1 8B and
+# 70B; LLaMA 3.2 1B and 3B tie their head, which llm.c's layout (and ours) keeps separate: + vocab * width).
+PUBLISHED = {
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    "llama3-1b": 1_235_814_400 + 128256 * 2048,
+    "llama3-3b": 3_212_749_824 + 128256 * 3072,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+}
+
+
+def count_gpt2(c):
+    C, L = c["n_embd"], c["n_layer"]
+    return c["vocab_size"] * C + c["block_size"] * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def count_llama3(c):
+    cfg = R.FAMILIES["llama3"].config(c)
+    C, H, hd = cfg.n_embd, cfg.hidden_dim, cfg.head_dim
+    per_layer = 2 * C + C * (cfg.n_head + 2 * cfg.n_kv_head) * hd + C * C + 3 * C * H
+    return 2 * cfg.vocab_size * C + cfg.n_layer * per_layer + C
+
+
+def test_presets_build_the_documented_shapes():
+    for name, published in PUBLISHED.items():
+        spec = R.resolve(name, shape={}, sequence_length=64)
+        count = count_gpt2 if spec.family.name == "gpt2" else count_llama3
+        assert count(spec.fields) == published, name
+    for a, b in (("gpt2", "d12"), ("gpt2-medium", "d24"), ("gpt2-large", "d36"), ("gpt2-xl", "d48")):
+        assert R.resolve(a, shape={}, sequence_length=64).fields == R.resolve(b, shape={}, sequence_length=64).fields
+    assert R.resolve("llama3", shape={}, sequence_length=64).fields["n_kv_head"] == 8
+    # The counting above is the models' own: build small ones and count their parameters.
+    for name, count in (("gpt2-tiny", count_gpt2), ("llama3-tiny", count_llama3)):
+        spec = R.resolve(name, shape={}, sequence_length=32, vocab_size=100)
+        fields = dict(spec.fields, vocab_size=spec.fields.get("padded_vocab_size", 100))  # GPT-2 pads its table
+        assert spec.build("cpu").num_parameters() == count(fields), name
+
+
+# ---- schedules ------------------------------------------------------------------------------------------------
+
+
+def test_learning_rate_schedules_follow_infinitrain():
+    lr, lo = 1.0, 0.1
+    W, D = 4, 14  # warmup 4 steps, decay over the next 10
+    warm = [0.2 + (lr - 0.2) * s / W for s in range(W)]
+    for style, after in (
+        ("constant", [lr] * 10 + [lr] * 3),
+        ("linear", [lr + (lo - lr) * t / 10 for t in range(10)] + [lo] * 3),
+        ("cosine", [lo + 0.5 * (1 + math.cos(math.pi * t / 10)) * (lr - lo) for t in range(10)] + [lo] * 3),
+        ("inverse-square-root", [max(lo, lr * math.sqrt(W / s)) for s in range(W, D + 1)] + [lo] * 2),
+    ):
+        sched = Schedule(lr, style=style, warmup_iters=W, warmup_init=0.2, min_lr=lo, decay_iters=D)
+        assert [sched(s) for s in range(D + 3)] == pytest.approx(warm + after, rel=1e-12), style
+    assert Schedule(lr, style="none", warmup_iters=W, min_lr=lo, decay_iters=D)(0) == lr
+    with pytest.raises(ValueError, match="min_lr"):
+        Schedule(lr, style="cosine", min_lr=2.0, decay_iters=D)
+
+
+# ---- runs -----------------------------------------------------------------------------------------------------
+
+
+def test_load_extends_a_finished_run(corpus, tmp_path):
+    """A finished 4-step run, extended to 6 with --load, equals a 6-step run with the same schedule (the decay
+    kept over 4 steps with --lr_decay_iters=4, so both sit at min_lr afterwards); its metrics file continues."""
+    ckpt = tmp_path / "ckpt"
+    args = [f"--input_bin={corpus}", "--lr_warmup_iters=1", "--lr_decay_iters=4", *TINY]
+    run_train(*args, "--num_iteration=4", f"--save={ckpt}")
+    p = run_train(*args, "--num_iteration=4", f"--save={ckpt}", "--resume", "--num_iteration=6", check=False)
+    one_line_error(p, "--num_iteration=6 (checkpoint: 4)", "use --load")
+    p = run_train(*args, "--num_iteration=6", f"--load={ckpt}", f"--save={ckpt}")
+    assert "resumed from" in p.stdout and "at step 4" in p.stdout and "extending the run from 4 to 6" in p.stderr
+    full = tmp_path / "full"
+    run_train(*args, "--num_iteration=6", f"--save={full}")
+    extended, straight = steps_of(ckpt), steps_of(full)
+    assert sorted(extended) == sorted(straight) == list(range(1, 7))
+    for s in range(1, 7):
+        assert extended[s]["train_loss"] == straight[s]["train_loss"], s
+    assert extended[5]["lr"] == extended[6]["lr"] == pytest.approx(1e-4)  # min_lr: learning_rate / 10
+    p = run_train(*args, "--num_iteration=6", f"--load={ckpt}", check=False)
+    one_line_error(p, "at step 6", "--num_iteration above it")
+
+
+def test_overfit_single_batch_trains_on_the_first_batch(tmp_path):
+    """Every step sees the first batch of the shuffled data: the same curve as a file holding only that batch."""
+    big = tmp_path / "big.bin"
+    tokens = rng().integers(0, 64, size=4000)
+    write_tokens(big, tokens, kind="gpt2")
+    first = DataLoader(str(big), 4, 16, shuffle=True, seed=42).chunk_starts(0)[0]
+    one = tmp_path / "one.bin"
+    write_tokens(one, read_tokens(big)[first : first + 4 * 16 + 1], kind="gpt2")
+    args = ["--num_iteration=4", "--lr_warmup_iters=0", *TINY]
+    run_train(f"--input_bin={big}", "--overfit_single_batch", f"--metrics_file={tmp_path / 'a.jsonl'}", *args)
+    run_train(f"--input_bin={one}", f"--metrics_file={tmp_path / 'b.jsonl'}", *args)
+    a, b = steps_of(tmp_path / "a.jsonl"), steps_of(tmp_path / "b.jsonl")
+    assert [a[s]["train_loss"] for s in a] == [b[s]["train_loss"] for s in b]
+    assert a[4]["train_loss"] < a[1]["train_loss"]
+
+
+def test_metrics_lines_and_tensorboard_events(corpus, tmp_path):
+    tb = tmp_path / "tb"
+    ckpt = tmp_path / "ckpt"
+    args = [f"--input_bin={corpus}", f"--input_val_bin={corpus}", "--num_iteration=4", "--val_loss_every=2", *TINY]
+    p = run_train(*args, f"--save={ckpt}", f"--tensorboard_dir={tb}")
+    lines = [json.loads(x) for x in open(ckpt / "metrics.jsonl")]
+    assert lines[0]["kind"] == "config" and lines[-1] == {"kind": "end", "status": "completed", "step": 4}
+    steps = {r["step"]: r for r in lines if r["kind"] == "step"}
+    printed = {
+        int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step (\d+)/4 \| train loss (\S+)", p.stdout, re.M)
+    }
+    val = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step (\d+) \| val loss (\S+)", p.stdout, re.M)}
+    assert sorted(val) == [2, 4]
+    for s, r in steps.items():
+        assert set(r) >= {"train_loss", "lr", "grad_norm", "tokens_per_s", "ms", "mem_allocated_mib", "mem_peak_mib"}
+        assert r["train_loss"] == pytest.approx(printed[s], abs=1e-6)
+        assert r["tokens_per_s"] == pytest.approx(64 / (r["ms"] / 1000))
+        assert ("val_loss" in r) == (s in val) and (s not in val or r["val_loss"] == pytest.approx(val[s], abs=1e-6))
+        assert 0 < r["mem_allocated_mib"] <= r["mem_peak_mib"]
+    (events,) = list(tb.glob("events.out.tfevents.*"))
+    scalars = read_scalars(events)
+    loss = {step: v for tag, step, v in scalars if tag == "loss/train"}
+    assert loss == {s: pytest.approx(r["train_loss"], rel=1e-6) for s, r in steps.items()}
+    assert {step for tag, step, _ in scalars if tag == "loss/val"} == {2, 4}
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+
+
+# ---- activation recompute -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family,autocast", [("gpt2", False), ("llama3", True)])
+def test_activation_recompute_keeps_loss_and_gradients_and_lowers_peak_memory(family, autocast):
+    tokens = rng().integers(0, 64, size=(2, 129))  # long sequences, few tokens: the blocks' activations dominate
+
+    def step(with_recompute):
+        it.manual_seed(7)
+        spec = R.resolve(family, shape={"n_layer": 4}, sequence_length=128, vocab_size=64)
+        model = spec.build(DEVICE)
+        if with_recompute:
+            recompute.enable(model, spec.family.blocks(model))
+        x, y = (it.from_numpy(t, device=DEVICE) for t in (tokens[:, :-1], tokens[:, 1:]))
+        it.runtime.synchronize(DEVICE)
+        base = it.runtime.memory_allocated(DEVICE)
+        it.runtime.reset_peak_memory_stats(DEVICE)
+        with it.amp.autocast(DEVICE, dtype="bfloat16", enabled=autocast):
+            _, loss = model(x, y)
+        loss.backward()
+        it.runtime.synchronize(DEVICE)
+        peak = it.runtime.max_memory_allocated(DEVICE) - base
+        return loss.item(), {k: p.grad.numpy() for k, p in model.named_parameters()}, peak
+
+    loss, grads, peak = step(False)
+    loss_rc, grads_rc, peak_rc = step(True)
+    assert loss_rc == loss
+    for k in grads:  # the same kernels on the same inputs: equal bits
+        np.testing.assert_array_equal(grads_rc[k], grads[k], err_msg=k)
+    assert peak_rc < 0.7 * peak, (peak_rc, peak)
