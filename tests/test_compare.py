@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+import infinitrain as it
 from harness import DEVICE, rng
 from infinitrain.data import write_tokens
 from infinitrain.runs import read_metrics
@@ -60,7 +61,7 @@ def test_identical_runs_pass_and_a_perturbed_learning_rate_fails(corpus, tmp_pat
     same = compare_cli(str(tmp_path / "a"), str(tmp_path / "b"), f"--out={tmp_path / 'ab'}", "--throughput_tol=1e9")
     assert same.returncode == 0, same.stdout + same.stderr
     assert "loss: PASS: 5 steps, max |diff| 0 " in same.stdout and "val loss: PASS" in same.stdout
-    assert (tmp_path / "ab" / "compare.md").read_text().startswith("# a (cpu")
+    assert (tmp_path / "ab" / "compare.md").read_text().startswith(f"# a ({it.runtime.parse_device(DEVICE)}) vs b (")
     diff = compare_cli(str(tmp_path / "a"), str(tmp_path / "c"), f"--out={tmp_path / 'ac'}", "--throughput_tol=1e9")
     assert diff.returncode == 1, diff.stdout + diff.stderr
     a, c = read_metrics(tmp_path / "a")[1], read_metrics(tmp_path / "c")[1]

@@ -271,7 +271,7 @@ def test_inputs_that_used_to_print_tracebacks(corpus, tmp_path):
     # The SIGABRT case: attention over 100000 positions needs more scratch than the machine has.
     p = run_train(
         f"--input_bin={long_data}", "--num_iteration=1", "--sequence_length=100000", "--batch_size=1", "--n_layer=1",
-        "--n_embd=32", "--n_head=2", "--sample_every=0", check=False,
+        "--n_embd=32", "--n_head=2", "--vocab_size=64", "--sample_every=0", check=False,
     )  # fmt: skip
     assert p.returncode > 0, p.stderr  # not killed by a signal
     assert_one_line_error(p, "out of memory", "sdpa")
