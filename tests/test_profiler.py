@@ -37,6 +37,15 @@ def test_profile_records_every_dispatched_op(tmp_path):
     with it.profiler.profile() as again:
         pass
     assert again.records == []  # nothing recorded outside a context, nothing carried over
+    with it.profiler.profile() as paused:
+        b = a @ a
+        with paused.pause():
+            c = b + a
+        d = c.exp()
+    d.numpy()
+    assert [r.op for r in paused.records] == ["matmul", "exp"]
+    assert [r.session for r in paused.records] == [0, 1]
+    assert paused.records[1].host_start_us > paused.records[0].host_start_us  # one clock across the pause
 
 
 def check_chrome_trace(trace):
@@ -108,7 +117,7 @@ def test_train_profile_steps_writes_table_and_trace(tmp_path):
     cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", f"--input_bin={corpus}"]
     cmd += ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", "--sequence_length=16", "--batch_size=4"]
     cmd += ["--num_iteration=3", "--freq_generate_txt=0", "--profile_steps=2:3", "--profile_name=tiny"]
-    cmd += [f"--save={tmp_path / 'run'}"]
+    cmd += [f"--save={tmp_path / 'run'}", f"--input_val_bin={corpus}", "--val_loss_every=1", "--val_batches=1"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "profile of steps 2:3:" in p.stdout and "| matmul |" in p.stdout
@@ -118,6 +127,7 @@ def test_train_profile_steps_writes_table_and_trace(tmp_path):
     check_chrome_trace(trace)
     marks = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "mark"]
     assert marks.count("step 2") == marks.count("step 3") == 1 and "forward" in marks and "step 1" not in marks
-    # Both steps ran the same ops: the trace holds each op an even number of times.
+    # Both steps ran the same ops, and the evaluation between them was left out (paused): the trace holds each
+    # op an even number of times.
     counts = collections.Counter(e["name"] for e in trace["traceEvents"] if e.get("cat") == "op")
     assert counts and all(n % 2 == 0 for n in counts.values()), counts

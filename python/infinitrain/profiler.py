@@ -9,8 +9,9 @@
 While the context is active the dispatcher times every kernel it runs: the
 host time spent issuing it and its device time between two events around the
 launch (on the cpu, where kernels run when issued, both are the host time).
-`mark` adds named spans (steps, phases) of the Python side. Leaving the
-context waits for the device.
+`mark` adds named spans (steps, phases) of the Python side; `pause` leaves
+work out (evaluation, sampling between profiled steps). Leaving the context
+waits for the device.
 
 The train CLI profiles steps A..B with --profile_steps=A:B.
 """
@@ -24,12 +25,16 @@ from infinitrain import _C
 
 
 class OpRecord:
-    __slots__ = ("op", "device", "host_start_us", "host_us", "device_start_ms", "device_ms")
+    """One kernel: host_start_us since the profile began; device_start_ms since the device's first kernel of
+    the same session (a pause starts a new one)."""
 
-    def __init__(self, op, device, host_start_us, host_us, device_start_ms, device_ms):
+    __slots__ = ("op", "device", "host_start_us", "host_us", "device_start_ms", "device_ms", "session")
+
+    def __init__(self, op, device, host_start_us, host_us, device_start_ms, device_ms, session=0):
         self.op, self.device = op, device
         self.host_start_us, self.host_us = host_start_us, host_us
         self.device_start_ms, self.device_ms = device_start_ms, device_ms
+        self.session = session
 
 
 class profile:  # noqa: N801 (PyTorch's name)
@@ -37,17 +42,43 @@ class profile:  # noqa: N801 (PyTorch's name)
         self.records = []
         self.spans = []  # (name, start_us, duration_us), Python-side marks
         self._t0 = None
+        self._session = 0
+        self._session_t0 = None
 
     def __enter__(self):
-        _C.start_profiling()
-        # The dispatcher's clock starts at start_profiling (steady_clock, CLOCK_MONOTONIC, as perf_counter).
-        self._t0 = time.perf_counter()
-        self.spans = []
+        self.records, self.spans, self._session = [], [], 0
+        self._start()
+        self._t0 = self._session_t0
         return self
 
+    def _start(self):
+        _C.start_profiling()
+        # The dispatcher's clock starts at start_profiling (steady_clock, CLOCK_MONOTONIC, as perf_counter).
+        self._session_t0 = time.perf_counter()
+
+    def _collect(self):
+        offset = (self._session_t0 - self._t0) * 1e6
+        for r in _C.stop_profiling():
+            rec = OpRecord(*r, session=self._session)
+            rec.host_start_us += offset
+            self.records.append(rec)
+        self._session += 1
+
     def __exit__(self, *exc):
-        self.records = [OpRecord(*r) for r in _C.stop_profiling()]
+        self._collect()
         self._t0 = None
+
+    @contextlib.contextmanager
+    def pause(self):
+        """Kernels run inside are not recorded (no-op outside the context)."""
+        if self._t0 is None:
+            yield
+            return
+        self._collect()
+        try:
+            yield
+        finally:
+            self._start()
 
     @contextlib.contextmanager
     def mark(self, name):
@@ -120,7 +151,7 @@ class profile:  # noqa: N801 (PyTorch's name)
             if r.device_start_ms < 0:  # the cpu: kernels run while they are issued
                 start = r.host_start_us
             else:
-                base = origin.setdefault(r.device, r.host_start_us - r.device_start_ms * 1000.0)
+                base = origin.setdefault((r.device, r.session), r.host_start_us - r.device_start_ms * 1000.0)
                 start = base + r.device_start_ms * 1000.0
             events.append(
                 {

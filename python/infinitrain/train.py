@@ -5,9 +5,9 @@ precision checker and a profiler. Flags follow InfiniTrain's; an InfiniTrain `tr
 --flagfile.
 
     ./bazelw run //python:train -- --num_iteration=200
-
-Only main() reads FLAGS; every helper takes what it needs as arguments.
 """
+
+# Only main() reads FLAGS; every helper takes what it needs as arguments.
 
 import math
 import os
@@ -773,8 +773,10 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
                     "or pass --allow_nonfinite to keep going"
                 )
             every_val = values["val_loss_every"]
+            pause = prof.pause if prof is not None else _nullcontext  # profiles hold training steps only
             if val_loader is not None and every_val and (done % every_val == 0 or done == num_iteration):
-                record["val_loss"] = evaluate(model, val_loader, device, values["val_batches"], autocast)
+                with pause():
+                    record["val_loss"] = evaluate(model, val_loader, device, values["val_batches"], autocast)
                 progress.clear()
                 print(f"step {done} | val loss {record['val_loss']:.6f}")
                 log.write(f"step {done} | val loss {record['val_loss']:.6f}")
@@ -782,11 +784,13 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             progress.show(done, train_loss)
             every = values["save_interval"]
             if ckpt_dir and (done == num_iteration or (every and done % every == 0)):
-                save_checkpoint(ckpt_dir, done, model, optimizers[0], loader, **ckpt_args)
+                with pause():
+                    save_checkpoint(ckpt_dir, done, model, optimizers[0], loader, **ckpt_args)
                 last_saved = done
             if values["freq_generate_txt"] and tokenizer is not None and (done % values["freq_generate_txt"] == 0):
                 progress.clear()
-                text = sample(model, tokenizer.decode, eot, values["text_length"], values["seed"])
+                with pause():
+                    text = sample(model, tokenizer.decode, eot, values["text_length"], values["seed"])
                 print(f"--- sample at step {done} ---\n{text}\n---", flush=True)
     except BaseException as e:
         status = "stopped" if isinstance(e, (KeyboardInterrupt, Stopped)) else "failed"
@@ -888,7 +892,8 @@ def _parse_flags(argv):
     try:
         return FLAGS(argv)
     except flags.Error as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        message = _one_line(e)
+        print(f"error: {message.removeprefix('ERROR:: ')}", file=sys.stderr)
         sys.exit(2)
 
 
