@@ -59,6 +59,11 @@ RULE(SdpaBackward);
 RULE(CrossEntropy);
 RULE(CrossEntropyBackward);
 RULE(AdamW);
+RULE(MoeTopk);
+RULE(MoeTopkBackward);
+RULE(MoePermute);
+RULE(MoeUnpermute);
+RULE(MoeUnpermuteBackward);
 
 constexpr OpTier R = OpTier::kRequired;
 constexpr OpTier F = OpTier::kFused;
@@ -155,6 +160,12 @@ extern const OpDef kOpTable[] = {
 {"sdpa_backward(grad, q, k, v, out, lse; causal: int, scale: float) -> (dq, dk, dv)", F, kF, "",               SdpaBackward,       "gradients of sdpa from its saved out and lse"},
 {"cross_entropy(logits, target: int64; ignore_index: int) -> (loss, lse)",      F, kF,   "cross_entropy_backward", CrossEntropy,   "mean over rows with target != ignore_index of lse(logits) - logits[target]; logits [N, V], target [N]; loss 0-d and lse [N] in float32 (float64 for float64 logits)"},
 {"cross_entropy_backward(logits, target: int64, lse, grad; ignore_index: int) -> dlogits", F, kF, "",           CrossEntropyBackward, "grad * (softmax(logits) - onehot(target)) / count, zero on ignored rows"},
+// ---- mixture of experts (dropless routing) ----
+{"moe_topk(logits; k: int, normalize: int) -> (weights, experts)",              F, kF,   "moe_topk_backward",  MoeTopk,            "router top-k of logits [N, E]: experts [N, k] int64, the k largest logits of each row in descending order (ties: lower expert first); weights [N, k] their softmax probabilities over all E, or over the chosen k when normalize=1; weights float32 (float64 for float64 logits)"},
+{"moe_topk_backward(logits, experts: int64, grad; normalize: int) -> dlogits",  F, kF,   "",                   MoeTopkBackward,    "dlogits [N, E] of moe_topk's weights from grad [N, k] (float32, float64 for float64 logits); zero outside the chosen experts when normalize=1"},
+{"moe_permute(x, experts: int64; num_experts: int) -> (out, source, counts)",   F, kF,   "moe_unpermute fill_", MoePermute,        "dropless dispatch of x [N, C] to experts [N, k]: out [N*k, C] holds row n once per choice, grouped by expert in token order; source [N*k] int64 the slot n*k+j of each row; counts [num_experts] int64 rows per expert"},
+{"moe_unpermute(y, source: int64, weights) -> out",                             F, kF,   "moe_unpermute_backward", MoeUnpermute,   "combine: out[n] = sum_j weights[n, j] * y[r] over the rows r with source[r] = n*k+j; y [N*k, C], source a permutation of [0, N*k), weights [N, k] float32 (float64 for float64 y)"},
+{"moe_unpermute_backward(grad, y, source: int64, weights) -> (dy, dweights)",   F, kF,   "",                   MoeUnpermuteBackward, "gradients of moe_unpermute: dy[r] = weights[s] * grad[s / k] and dweights[s] = grad[s / k] . y[r] for s = source[r]"},
 // ---- optimizer ----
 {"adamw_(param!, grad, m!, v!; lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> ()", F, kF, "", AdamW, "decoupled-weight-decay Adam step in place; m and v are float32 (float64 for float64 params)"},
 };
@@ -676,6 +687,64 @@ RULE(AdamW) {
     CheckDtype(op, in[3], StatType(in[0].dtype()), "v");
     if (Int(a, 5) < 1) OpError(op, "step must be >= 1");
     return {};
+}
+
+// moe_*: the router's output rows [N, k]; 1 <= k <= E.
+void CheckRoutes(const char* op, const Tensor& routes, int64_t n, int64_t experts, const char* what) {
+    CheckRank(op, routes, 2, what);
+    if (routes.size(0) != n || routes.size(1) < 1 || routes.size(1) > experts) {
+        OpError(op, std::string(what) + " must have shape [" + std::to_string(n) +
+                        ", k] with 1 <= k <= " + std::to_string(experts) + ", got " + ShapeToString(routes.shape()));
+    }
+}
+
+RULE(MoeTopk) {
+    CheckRank(op, in[0], 2, "logits");
+    int64_t n = in[0].size(0), e = in[0].size(1), k = Int(a, 0);
+    if (k < 1 || k > e) OpError(op, "k must be in [1, " + std::to_string(e) + "], got " + std::to_string(k));
+    return {{Shape{n, k}, StatType(in[0].dtype())}, {Shape{n, k}, DataType::kInt64}};
+}
+
+RULE(MoeTopkBackward) {
+    CheckRank(op, in[0], 2, "logits");
+    CheckRoutes(op, in[1], in[0].size(0), in[0].size(1), "experts");
+    CheckDtype(op, in[2], StatType(in[0].dtype()), "grad");
+    CheckSameShape(op, in[1], in[2], "experts and grad");
+    return {{in[0].shape(), in[0].dtype()}};
+}
+
+RULE(MoePermute) {
+    CheckRank(op, in[0], 2, "x");
+    int64_t e = Int(a, 0);
+    if (e < 1) OpError(op, "num_experts must be >= 1, got " + std::to_string(e));
+    CheckRoutes(op, in[1], in[0].size(0), e, "experts");
+    int64_t rows = in[1].numel();
+    return {{Shape{rows, in[0].size(1)}, in[0].dtype()}, {Shape{rows}, DataType::kInt64}, {Shape{e}, DataType::kInt64}};
+}
+
+// y [N*k, C], source [N*k], weights [N, k] of the stat dtype.
+void CheckCombine(const char* op, const Tensor& y, const Tensor& source, const Tensor& w) {
+    CheckRank(op, y, 2, "y");
+    CheckRank(op, w, 2, "weights");
+    CheckDtype(op, w, StatType(y.dtype()), "weights");
+    if (source.shape() != Shape{y.size(0)} || w.numel() != y.size(0)) {
+        OpError(op, "y " + ShapeToString(y.shape()) + ", source " + ShapeToString(source.shape()) + " and weights " +
+                        ShapeToString(w.shape()) + " must be [N*k, C], [N*k] and [N, k]");
+    }
+}
+
+RULE(MoeUnpermute) {
+    CheckCombine(op, in[0], in[1], in[2]);
+    return {{Shape{in[2].size(0), in[0].size(1)}, in[0].dtype()}};
+}
+
+RULE(MoeUnpermuteBackward) {
+    CheckCombine(op, in[1], in[2], in[3]);
+    CheckSameDtype(op, in[0], in[1]);
+    Shape g{in[3].size(0), in[1].size(1)};
+    if (in[0].shape() != g)
+        OpError(op, "grad must have shape " + ShapeToString(g) + ", got " + ShapeToString(in[0].shape()));
+    return {{in[1].shape(), in[1].dtype()}, {in[3].shape(), in[3].dtype()}};
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ struct PendingKernel {
     std::string op;
     KernelFn fn;
     std::string site;
+    bool override = false;
 };
 
 struct PendingOp {
@@ -58,7 +59,8 @@ std::vector<std::string> Problems(const std::string& name, const Pending& p) {
             problems.push_back(std::string(e.what()) + " (at " + o.site + ")");
         }
     }
-    std::set<std::string> seen;
+    std::map<std::string, int> plain, overrides;
+    for (const PendingKernel& k : p.kernels) (k.override ? overrides : plain)[k.op] += 1;
     for (const PendingKernel& k : p.kernels) {
         bool known = own.count(k.op) > 0;
         if (!known) {
@@ -69,8 +71,10 @@ std::vector<std::string> Problems(const std::string& name, const Pending& p) {
             }
         }
         if (!known) problems.push_back("kernel registered at " + k.site + " for unknown op '" + k.op + "'");
-        if (!seen.insert(k.op).second)
-            problems.push_back("two kernels for op '" + k.op + "' (again at " + k.site + ")");
+        if ((k.override ? overrides : plain)[k.op] > 1) {
+            problems.push_back(std::string("two ") + (k.override ? "overrides" : "kernels") + " for op '" + k.op +
+                               "' (one at " + k.site + ")");
+        }
     }
     return problems;
 }
@@ -91,6 +95,11 @@ void AddProviderRuntime(const char* provider, RuntimeFactory factory, const char
 void AddProviderKernel(const char* provider, const char* op, KernelFn fn, const char* site) {
     std::lock_guard<std::mutex> lock(Mu());
     Table()[provider].kernels.push_back({op, fn, site});
+}
+
+void AddProviderKernelOverride(const char* provider, const char* op, KernelFn fn, const char* site) {
+    std::lock_guard<std::mutex> lock(Mu());
+    Table()[provider].kernels.push_back({op, fn, site, true});
 }
 
 void AddProviderCcl(const char* provider, CclFactory factory, const char* site) {
@@ -144,8 +153,14 @@ void RegisterProvider(const PrivateUse1Info& info) {
         if (o.composite) op.SetComposite(o.composite);
         if (o.kernel) RegisterKernel(DeviceType::kPrivateUse1, op.name(), o.kernel, o.site.c_str());
     }
+    std::set<std::string> overridden;
     for (const PendingKernel& k : p.kernels) {
-        RegisterKernel(DeviceType::kPrivateUse1, k.op.c_str(), k.fn, k.site.c_str());
+        if (k.override) overridden.insert(k.op);
+    }
+    for (const PendingKernel& k : p.kernels) {
+        if (k.override || !overridden.count(k.op)) {
+            RegisterKernel(DeviceType::kPrivateUse1, k.op.c_str(), k.fn, k.site.c_str());
+        }
     }
     p.active = true;
 }

@@ -18,6 +18,9 @@ namespace infinitrain {
 
 void AddProviderRuntime(const char* provider, RuntimeFactory factory, const char* site);
 void AddProviderKernel(const char* provider, const char* op, KernelFn fn, const char* site);
+// A kernel that replaces the provider's other kernel for `op` (e.g. a vendor library's version of a portable
+// kernel); the replaced one stays callable from the override's own code, not through the dispatcher.
+void AddProviderKernelOverride(const char* provider, const char* op, KernelFn fn, const char* site);
 void AddProviderCcl(const char* provider, CclFactory factory, const char* site);
 // An op of the provider's own: its name must be "<provider>.<op>". The kernel runs on the provider's
 // devices; the composite (optional: an empty function) runs where there is no kernel.
@@ -58,6 +61,10 @@ struct ProviderRegistrar {
 #define REGISTER_PROVIDER_KERNEL(provider, op, fn)                                                           \
     static ::infinitrain::ProviderRegistrar INFINITRAIN_CONCAT(provider_kernel_, __LINE__)(provider, op, fn, \
                                                                                            INFINITRAIN_SITE)
+
+#define REGISTER_PROVIDER_KERNEL_OVERRIDE(provider, op, fn)                                          \
+    static const bool INFINITRAIN_CONCAT(provider_kernel_override_, __LINE__) =                       \
+        (::infinitrain::AddProviderKernelOverride(provider, op, fn, INFINITRAIN_SITE), true)
 
 #define REGISTER_PROVIDER_CCL(provider, cls)                                                                       \
     static ::infinitrain::ProviderRegistrar INFINITRAIN_CONCAT(provider_ccl_, __LINE__)(                           \

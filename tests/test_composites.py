@@ -58,11 +58,29 @@ def inputs_for(name, dtype):
         logits = f(N, V)
         lse = _C.op("cross_entropy")([logits, tgt], [-100])[1]
         return [logits, tgt, lse, to_device(np.array(g.standard_normal()), stat)], [-100]
+    if name.startswith("moe_"):
+        return _moe_inputs(name, f, g, stat)
     if name == "adamw_":
         p, grad = f(4, 5), f(4, 5)
         m, vv = to_device(g.standard_normal((4, 5)), stat), to_device(g.uniform(0, 1, (4, 5)), stat)
         return [p, grad, m, vv], [1e-2, 0.9, 0.95, 1e-8, 0.1, 3]
     raise AssertionError(f"no inputs for {name}")
+
+
+def _moe_inputs(name, f, g, stat):
+    n, e, k, c = 10, 5, 2, 6
+    routes = to_device(np.stack([g.permutation(e)[:k] for _ in range(n)]), "int64")
+    source = to_device(g.permutation(n * k), "int64")
+    weights = to_device(g.uniform(0, 1, (n, k)), stat)
+    if name == "moe_topk":
+        return [f(n, e)], [k, int(g.integers(0, 2))]
+    if name == "moe_topk_backward":
+        return [f(n, e), routes, to_device(g.standard_normal((n, k)), stat)], [int(g.integers(0, 2))]
+    if name == "moe_permute":
+        return [f(n, c), routes], [e]
+    if name == "moe_unpermute":
+        return [f(n * k, c), source, weights], []
+    return [f(n, c), f(n * k, c), source, weights], []  # moe_unpermute_backward
 
 
 def clone(t):

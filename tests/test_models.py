@@ -1,5 +1,5 @@
-"""GPT-2 and LLaMA 3 at tiny sizes: the loss falls, runs are reproducible bit
-for bit, llm.c model files round-trip, and sampling works."""
+"""GPT-2, LLaMA 3, Qwen3, Mixtral and a LoRA fine-tune at tiny sizes: the loss falls, a device's curve
+matches the CPU's, runs are reproducible bit for bit, llm.c model files round-trip, and sampling works."""
 
 import dataclasses
 
@@ -8,7 +8,7 @@ import pytest
 
 import infinitrain as it
 from harness import DEVICE, rng
-from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config, Mixtral, MixtralConfig, Qwen3, Qwen3Config, lora
 
 V, T = 61, 16
 
@@ -18,6 +18,11 @@ def tiny(kind, device=DEVICE):
         return GPT2(
             GPT2Config(block_size=T, vocab_size=V, padded_vocab_size=64, n_layer=2, n_head=2, n_embd=32), device
         )
+    if kind == "mixtral":
+        cfg = MixtralConfig(T, V, 2, 4, 2, 32, intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+        return Mixtral(cfg, device)
+    if kind in ("qwen3", "qwen3_lora"):
+        return Qwen3(Qwen3Config(T, V, 2, 4, 2, 32, head_dim=8, intermediate_size=48), device)
     # norm_eps exactly representable in float32, so a model re-read from an llm.c file is identical.
     cfg = LLaMA3Config(T, V, 2, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=2.0**-17, rope_theta=1e4)
     return LLaMA3(cfg, device)
@@ -26,7 +31,12 @@ def tiny(kind, device=DEVICE):
 def train(kind, steps, data, seed=3, dtype="float32", device=DEVICE, lr=1e-2):
     it.manual_seed(seed)
     model = tiny(kind, device)
-    opt = it.optim.AdamW(list(model.parameters()), lr=lr, weight_decay=0.0)
+    params = list(model.parameters())
+    if kind == "qwen3_lora":  # LoRA on a base model: adapters only in the optimizer
+        lora.apply_lora(model, "q_proj,v_proj,gate_proj,down_proj", rank=4, alpha=8.0, dropout=0.1)
+        params = lora.trainable_parameters(model)
+        lr *= 3  # adapters alone move a random base slowly
+    opt = it.optim.AdamW(params, lr=lr, weight_decay=0.0)
     x, y = it.from_numpy(data[:, :-1], device=device), it.from_numpy(data[:, 1:], device=device)
     losses = []
     for _ in range(steps):
@@ -34,7 +44,7 @@ def train(kind, steps, data, seed=3, dtype="float32", device=DEVICE, lr=1e-2):
         with it.amp.autocast(device, dtype="bfloat16", enabled=dtype == "bfloat16"):
             _, loss = model(x, y)
         loss.backward()
-        it.optim.clip_grad_norm_(list(model.parameters()), 1.0)
+        it.optim.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(loss.item())
     return model, losses
@@ -47,16 +57,21 @@ def batch():
     return seq.reshape(4, T + 1).astype(np.int64)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+ALL = ["gpt2", "llama3", "mixtral", "qwen3", "qwen3_lora"]
+
+
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_loss_falls_in_20_steps(kind, dtype):
     _, losses = train(kind, 20, batch(), dtype=dtype)
-    assert losses[0] == pytest.approx(np.log(V), abs=0.3)  # small init: near-uniform predictions
-    assert losses[-1] < 0.5 * losses[0], losses
+    # Small init: near-uniform predictions (Mixtral's loss adds 0.02 x its balancing loss, about k = 2).
+    assert losses[0] == pytest.approx(np.log(V) + (0.04 if kind == "mixtral" else 0.0), abs=0.3)
+    # LoRA moves a random base slowly (frozen tied embeddings): a 10% drop shows it trains.
+    assert losses[-1] < (0.5 if kind != "qwen3_lora" else 0.9) * losses[0], losses
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="compares the device under test with the cpu")
-@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+@pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 1e-2)])
 def test_loss_curve_matches_cpu(kind, dtype, tol):
     """The bar for every provider: a tiny model's loss curve on a device matches the CPU curve step by step."""
@@ -68,7 +83,7 @@ def test_loss_curve_matches_cpu(kind, dtype, tol):
     np.testing.assert_allclose(on_device, on_cpu, rtol=0, atol=tol)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+@pytest.mark.parametrize("kind", ALL)
 def test_same_seed_same_run_bit_for_bit(kind):
     data = batch()
     m1, l1 = train(kind, 5, data, seed=11)
@@ -139,7 +154,7 @@ def test_corrupt_llmc_files_are_refused(kind, tmp_path):
         other.from_llmc(path)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama3"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama3", "mixtral", "qwen3"])
 def test_generate_extends_and_is_seeded(kind):
     m = tiny(kind)
     start = rng().integers(0, V, size=(2, 3))

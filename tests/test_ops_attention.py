@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from harness import assert_close, randn, rng, round_to, run, to_device
+from harness import TOL, assert_close, randn, rng, round_to, run, to_device
+from infinitrain.tools.conformance_specs import ATTENTION_16
 
 DTYPES = ("float32", "bfloat16", "float64")
 
@@ -113,6 +114,16 @@ SDPA_DIMS = [
 ]
 
 
+def atol16(ref, dtype):
+    """Fused attention kernels (cuDNN's, flash attention) round the probabilities to the 16-bit input dtype
+    before P @ V, so 16-bit results may err by about half an ulp times the largest |value|; measured on an
+    H200 with cuDNN: 0.002 at values near 0.3 in bfloat16. Other dtypes keep the default."""
+    scale = ATTENTION_16.get(dtype)
+    if scale is None or not np.size(ref):
+        return None
+    return max(TOL[dtype][1], scale * float(np.abs(ref).max()))
+
+
 def sdpa_inputs(dims, dtype, gen):
     b, hq, hkv, t, s, d = dims
     q = round_to(randn(b, hq, t, d, gen=gen), dtype)
@@ -133,7 +144,7 @@ def test_sdpa(dims, causal, dtype):
     r_out, r_lse = ref_sdpa(q, k, v, causal, scale)
     st = stat_dtype(dtype)
     assert lse.dtype == st
-    assert_close(out, r_out, dtype, what=f"sdpa out {dims} causal={causal}")
+    assert_close(out, r_out, dtype, atol=atol16(r_out, dtype), what=f"sdpa out {dims} causal={causal}")
     assert_close(lse, r_lse, st, what=f"sdpa lse {dims} causal={causal}")
 
 
@@ -154,9 +165,8 @@ def test_sdpa_backward(dims, causal, dtype):
     ins = [to_device(a, dtype) for a in (g, q, k, v, out)] + [to_device(lse, st)]
     dq, dk, dv = run("sdpa_backward", ins, [causal, scale])
     r_dq, r_dk, r_dv = ref_sdpa_backward(g, q, k, v, out, lse, causal, scale)
-    assert_close(dq, r_dq, dtype, what=f"sdpa dq {dims} causal={causal}")
-    assert_close(dk, r_dk, dtype, what=f"sdpa dk {dims} causal={causal}")
-    assert_close(dv, r_dv, dtype, what=f"sdpa dv {dims} causal={causal}")
+    for got, ref, name in ((dq, r_dq, "dq"), (dk, r_dk, "dk"), (dv, r_dv, "dv")):
+        assert_close(got, ref, dtype, atol=atol16(ref, dtype), what=f"sdpa {name} {dims} causal={causal}")
 
 
 @pytest.mark.parametrize("causal", [0, 1])

@@ -347,6 +347,7 @@ def test_kernel_error_surfaces_by_the_next_synchronize():
 def test_async_error_is_sticky_until_raised_with_its_type():
     w = to_device(np.ones((4, 3)), "float32")
     bad = to_device(np.array([5]), "int64")
+    runtime.synchronize(DEV)  # the uploads ran on the default stream: s must not read `bad` before they land
     s = runtime.Stream(DEV)
     with runtime.stream(s):
         op("embedding", [w, bad])  # returns at once: the kernel runs later on the stream

@@ -186,26 +186,55 @@ __device__ __forceinline__ double Fmax(double a, double b) { return fmax(a, b); 
 constexpr int kMaxDims = 12;
 
 // Dims of an output walked in row-major order and each operand's element stride per dim (0 where it repeats):
-// broadcasting, permute.
-template <int N>
+// broadcasting. I is the index type: launchers narrow a plan to 32-bit indices when every offset fits (64-bit
+// integer division is several times slower on GPUs).
+template <int N, typename I = int64_t>
 struct Broadcast {
     int nd;
-    int64_t size[kMaxDims];
-    int64_t stride[N][kMaxDims];
+    I size[kMaxDims];
+    I stride[N][kMaxDims];
 };
 
 // Element offsets of output index i in each operand.
-template <int N>
-__device__ __forceinline__ void BroadcastOffsets(const Broadcast<N>& b, int64_t i, int64_t (&off)[N]) {
+template <int N, typename I>
+__device__ __forceinline__ void BroadcastOffsets(const Broadcast<N, I>& b, I i, I (&off)[N]) {
 #pragma unroll
     for (int k = 0; k < N; ++k) off[k] = 0;
     for (int d = b.nd - 1; d >= 0; --d) {
-        const int64_t q = i / b.size[d], r = i - q * b.size[d];
+        const I q = i / b.size[d], r = i - q * b.size[d];
         i = q;
 #pragma unroll
         for (int k = 0; k < N; ++k) off[k] += r * b.stride[k][d];
     }
 }
+
+// Whether plan `b` over n output elements indexes every operand within 32 bits.
+template <int N>
+inline bool Fits32(const Broadcast<N>& b, int64_t n) {
+    if (n >= (int64_t{1} << 31)) return false;
+    for (int k = 0; k < N; ++k) {
+        int64_t last = 0;
+        for (int d = 0; d < b.nd; ++d) last += (b.size[d] - 1) * b.stride[k][d];
+        if (last >= (int64_t{1} << 31)) return false;
+    }
+    return true;
+}
+
+template <int N>
+inline Broadcast<N, int32_t> Narrow32(const Broadcast<N>& b) {
+    Broadcast<N, int32_t> r{};
+    r.nd = b.nd;
+    for (int d = 0; d < b.nd; ++d) {
+        r.size[d] = static_cast<int32_t>(b.size[d]);
+        for (int k = 0; k < N; ++k) r.stride[k][d] = static_cast<int32_t>(b.stride[k][d]);
+    }
+    return r;
+}
+
+// Grid-stride loop over [0, n) with indices of type I.
+#define GPU_KERNEL_LOOP_T(I, i, n)                                                 \
+    for (I i = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+         i += static_cast<I>(gridDim.x) * blockDim.x)
 
 // ---- host-side dtype dispatch -----------------------------------------------------
 

@@ -341,11 +341,11 @@ Broadcast<N> MakeBroadcast(const char* op, const Shape& out, const std::array<co
     return b;
 }
 
-template <typename In, typename Out, typename F>
-__global__ void BroadcastBinaryKernel(Broadcast<2> b, const In* __restrict__ x, const In* __restrict__ y,
-                                      Out* __restrict__ out, int64_t n, F f) {
-    GPU_KERNEL_LOOP(i, n) {
-        int64_t off[2];
+template <typename In, typename Out, typename F, typename I>
+__global__ void BroadcastBinaryKernel(Broadcast<2, I> b, const In* __restrict__ x, const In* __restrict__ y,
+                                      Out* __restrict__ out, I n, F f) {
+    GPU_KERNEL_LOOP_T(I, i, n) {
+        I off[2];
         BroadcastOffsets(b, i, off);
         out[i] = f(x[off[0]], y[off[1]]);
     }
@@ -361,28 +361,33 @@ void LaunchBinary(const char* op, const Tensor& a, const Tensor& b, const Tensor
         return;
     }
     Broadcast<2> plan = MakeBroadcast<2>(op, out.shape(), {&a.shape(), &b.shape()});
-    BroadcastBinaryKernel<<<Blocks(n), kThreads, 0, s>>>(plan, a.data<In>(), b.data<In>(), out.data<Out>(), n, f);
+    if (Fits32(plan, n)) {
+        BroadcastBinaryKernel<<<Blocks(n), kThreads, 0, s>>>(Narrow32(plan), a.data<In>(), b.data<In>(),
+                                                             out.data<Out>(), static_cast<int32_t>(n), f);
+    } else {
+        BroadcastBinaryKernel<<<Blocks(n), kThreads, 0, s>>>(plan, a.data<In>(), b.data<In>(), out.data<Out>(), n, f);
+    }
     GPU_CHECK_LAUNCH(op);
 }
 
 // out = cond ? a : b, all three broadcast; elements move as raw bits of type U.
-template <typename U>
-__global__ void WhereKernel(Broadcast<3> b, const uint8_t* __restrict__ cond, const U* __restrict__ x,
-                            const U* __restrict__ y, U* __restrict__ out, int64_t n) {
-    GPU_KERNEL_LOOP(i, n) {
-        int64_t off[3];
+template <typename U, typename I>
+__global__ void WhereKernel(Broadcast<3, I> b, const uint8_t* __restrict__ cond, const U* __restrict__ x,
+                            const U* __restrict__ y, U* __restrict__ out, I n) {
+    GPU_KERNEL_LOOP_T(I, i, n) {
+        I off[3];
         BroadcastOffsets(b, i, off);
         out[i] = cond[off[0]] ? x[off[1]] : y[off[2]];
     }
 }
 
 // out = mask ? value : x, mask broadcast to x's shape (x has the output's shape).
-template <typename T>
-__global__ void MaskedFillKernel(Broadcast<1> b, const T* __restrict__ x, const uint8_t* __restrict__ mask,
-                                 T* __restrict__ out, int64_t n, double value) {
+template <typename T, typename I>
+__global__ void MaskedFillKernel(Broadcast<1, I> b, const T* __restrict__ x, const uint8_t* __restrict__ mask,
+                                 T* __restrict__ out, I n, double value) {
     const T v = FromAcc<T>(static_cast<Acc<T>>(value));
-    GPU_KERNEL_LOOP(i, n) {
-        int64_t off[1];
+    GPU_KERNEL_LOOP_T(I, i, n) {
+        I off[1];
         BroadcastOffsets(b, i, off);
         out[i] = mask[off[0]] ? v : x[i];
     }

@@ -2,6 +2,7 @@
 #include <type_traits>
 
 #include "backends/gpu/attention.cuh"
+#include "backends/gpu/attention.h"
 #include "backends/gpu/context.h"
 #include "backends/gpu/copy.cuh"
 #include "backends/gpu/gemm.cuh"
@@ -154,19 +155,19 @@ void SdpaBackward(KernelContext& ctx) {
     Narrow<T, C>(ctx, dvc, dv, op);
 }
 
-void Sdpa(KernelContext& ctx) {
+}  // namespace
+
+void PortableSdpa(KernelContext& ctx) {
     DispatchFloat(ctx.in[0].dtype(), "sdpa", [&](auto tag) { SdpaForward<typename decltype(tag)::type>(ctx); });
 }
 
-void SdpaBackwardOp(KernelContext& ctx) {
+void PortableSdpaBackward(KernelContext& ctx) {
     DispatchFloat(ctx.in[1].dtype(), "sdpa_backward",
                   [&](auto tag) { SdpaBackward<typename decltype(tag)::type>(ctx); });
 }
 
-}  // namespace
-
 REGISTER_PROVIDER_KERNEL(kProviderName, "rope", Rope);
-REGISTER_PROVIDER_KERNEL(kProviderName, "sdpa", Sdpa);
-REGISTER_PROVIDER_KERNEL(kProviderName, "sdpa_backward", SdpaBackwardOp);
+REGISTER_PROVIDER_KERNEL(kProviderName, "sdpa", PortableSdpa);
+REGISTER_PROVIDER_KERNEL(kProviderName, "sdpa_backward", PortableSdpaBackward);
 
 }  // namespace infinitrain::gpu

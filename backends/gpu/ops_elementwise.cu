@@ -119,8 +119,13 @@ void Where(KernelContext& ctx) {
     Broadcast<3> plan = MakeBroadcast<3>("where", y.shape(), {&cond.shape(), &a.shape(), &b.shape()});
     DispatchBytes(a.dtype(), [&](auto tag) {
         using U = typename decltype(tag)::type;
-        WhereKernel<U><<<Blocks(n), kThreads, 0, NativeStream(ctx)>>>(plan, cond.data<uint8_t>(), a.data<U>(),
-                                                                      b.data<U>(), y.data<U>(), n);
+        if (Fits32(plan, n)) {
+            WhereKernel<U><<<Blocks(n), kThreads, 0, NativeStream(ctx)>>>(
+                Narrow32(plan), cond.data<uint8_t>(), a.data<U>(), b.data<U>(), y.data<U>(), static_cast<int32_t>(n));
+        } else {
+            WhereKernel<U><<<Blocks(n), kThreads, 0, NativeStream(ctx)>>>(plan, cond.data<uint8_t>(), a.data<U>(),
+                                                                          b.data<U>(), y.data<U>(), n);
+        }
     });
     GPU_CHECK_LAUNCH("where");
 }
@@ -133,8 +138,13 @@ void MaskedFill(KernelContext& ctx) {
     const double value = ctx.f(0);
     DispatchFloat(x.dtype(), "masked_fill", [&](auto tag) {
         using T = typename decltype(tag)::type;
-        MaskedFillKernel<T><<<Blocks(n), kThreads, 0, NativeStream(ctx)>>>(plan, x.data<T>(), mask.data<uint8_t>(),
-                                                                           y.data<T>(), n, value);
+        if (Fits32(plan, n)) {
+            MaskedFillKernel<T><<<Blocks(n), kThreads, 0, NativeStream(ctx)>>>(
+                Narrow32(plan), x.data<T>(), mask.data<uint8_t>(), y.data<T>(), static_cast<int32_t>(n), value);
+        } else {
+            MaskedFillKernel<T><<<Blocks(n), kThreads, 0, NativeStream(ctx)>>>(plan, x.data<T>(), mask.data<uint8_t>(),
+                                                                               y.data<T>(), n, value);
+        }
     });
     GPU_CHECK_LAUNCH("masked_fill");
 }

@@ -45,17 +45,102 @@ void Permute(KernelContext& ctx) {
     if (static_cast<int>(size.size()) > kMaxDims) {
         OpError("permute", "more than " + std::to_string(kMaxDims) + " non-mergeable dims are not supported");
     }
-    Broadcast<1> b{};
-    b.nd = static_cast<int>(size.size());
-    for (int d = 0; d < b.nd; ++d) {
-        b.size[d] = size[d];
-        b.stride[0][d] = stride[d];
+    // A contiguous innermost dim moves in wider units: every stride and the innermost size must divide evenly.
+    const int64_t es = static_cast<int64_t>(DataTypeSize(x.dtype()));
+    int64_t unit = 1;  // elements per unit
+    if (stride.back() == 1) {
+        for (int64_t bytes : {16, 8, 4, 2}) {
+            const int64_t k = bytes / es;
+            if (k < 2 || bytes % es) continue;
+            bool ok = size.back() % k == 0 && Aligned(x.data(), bytes) && Aligned(y.data(), bytes);
+            for (size_t d = 0; d + 1 < stride.size(); ++d) ok = ok && stride[d] % k == 0;
+            if (ok) {
+                unit = k;
+                break;
+            }
+        }
     }
-    DispatchBytes(x.dtype(), [&](auto tag) {
-        using U = typename decltype(tag)::type;
-        PermuteKernel<U><<<Blocks(n), kThreads, 0, s>>>(b, x.data<U>(), y.data<U>(), n);
-    });
+    size.back() /= unit;
+    for (size_t d = 0; d + 1 < stride.size(); ++d) stride[d] /= unit;
+    const int64_t units = n / unit;
+    auto launch = [&](auto utag, auto itag) {
+        using U = typename decltype(utag)::type;
+        using I = typename decltype(itag)::type;
+        PermutePlan<I> p{};
+        p.nd = static_cast<int>(size.size());
+        for (int d = 0; d < p.nd; ++d) {
+            p.size[d] = static_cast<I>(size[d]);
+            p.stride[d] = static_cast<I>(stride[d]);
+        }
+        PermuteKernel<U, I><<<Blocks(units), kThreads, 0, s>>>(
+            p, static_cast<const U*>(x.data()), static_cast<U*>(y.data()), static_cast<I>(units));
+    };
+    auto with_index = [&](auto utag) {
+        if (units < (int64_t{1} << 31)) {
+            launch(utag, Tag<int32_t>{});
+        } else {
+            launch(utag, Tag<int64_t>{});
+        }
+    };
+    switch (unit * es) {
+        case 16:
+            with_index(Tag<uint4>{});
+            break;
+        case 8:
+            with_index(Tag<uint64_t>{});
+            break;
+        case 4:
+            with_index(Tag<uint32_t>{});
+            break;
+        case 2:
+            with_index(Tag<uint16_t>{});
+            break;
+        default:
+            with_index(Tag<uint8_t>{});
+    }
     GPU_CHECK_LAUNCH("permute");
+}
+
+// Copies `rows` rows of `row_bytes` from src (row stride src_stride bytes) to dst (dst_stride), in the widest
+// unit that divides every length, stride and pointer.
+void RowCopy(const void* src, void* dst, int64_t rows, int64_t row_bytes, int64_t src_stride, int64_t dst_stride,
+             NativeStream_t s) {
+    if (rows == 0 || row_bytes == 0) return;
+    for (int64_t u : {16, 8, 4, 2, 1}) {
+        if (row_bytes % u || src_stride % u || dst_stride % u || !Aligned(src, u) || !Aligned(dst, u)) continue;
+        auto launch = [&](auto utag, auto itag) {
+            using U = typename decltype(utag)::type;
+            using I = typename decltype(itag)::type;
+            RowCopyKernel<U, I><<<Blocks(rows * (row_bytes / u)), kThreads, 0, s>>>(
+                static_cast<const U*>(src), static_cast<U*>(dst), static_cast<I>(rows), static_cast<I>(row_bytes / u),
+                static_cast<I>(src_stride / u), static_cast<I>(dst_stride / u));
+        };
+        const bool small = rows * (src_stride > dst_stride ? src_stride : dst_stride) / u < (int64_t{1} << 31);
+        auto with_index = [&](auto utag) {
+            if (small) {
+                launch(utag, Tag<int32_t>{});
+            } else {
+                launch(utag, Tag<int64_t>{});
+            }
+        };
+        switch (u) {
+            case 16:
+                with_index(Tag<uint4>{});
+                break;
+            case 8:
+                with_index(Tag<uint64_t>{});
+                break;
+            case 4:
+                with_index(Tag<uint32_t>{});
+                break;
+            case 2:
+                with_index(Tag<uint16_t>{});
+                break;
+            default:
+                with_index(Tag<uint8_t>{});
+        }
+        return;
+    }
 }
 
 template <typename U>
@@ -71,6 +156,17 @@ void SliceCopy(const Tensor& full, const Tensor& part, int64_t outer, int64_t n,
                int64_t start, int64_t step, bool to_part, NativeStream_t s, const char* op) {
     if (outer * len * inner == 0) return;
     const int64_t es = static_cast<int64_t>(DataTypeSize(full.dtype()));
+    if (step == 1) {  // one contiguous run of len * inner per outer index
+        char* f = static_cast<char*>(full.data()) + start * inner * es;
+        char* p = static_cast<char*>(part.data());
+        if (to_part) {
+            RowCopy(f, p, outer, len * inner * es, n * inner * es, len * inner * es, s);
+        } else {
+            RowCopy(p, f, outer, len * inner * es, len * inner * es, n * inner * es, s);
+        }
+        GPU_CHECK_LAUNCH(op);
+        return;
+    }
     const int64_t block = inner * es;
     for (int64_t u : {16, 8, 4, 2, 1}) {
         if (block % u == 0 && Aligned(full.data(), u) && Aligned(part.data(), u)) {

@@ -5,10 +5,11 @@
 // bits (any dtype). permute walks the output in row-major order and reads the
 // input through the permuted strides (the host drops size-1 dims and merges
 // output dims that stay contiguous in the input, so [B, T, H, D] -> [B, H, T, D]
-// reads rows of D). The others view a tensor as (outer, n, inner) around one
-// dim: a slice, a concat input or a split output is the block
-// [start : start + len * step : step] of the middle dim, copied in units of up
-// to 16 bytes when the inner block and both pointers allow.
+// reads rows of D, moved in units of up to 16 bytes). The others view a tensor
+// as (outer, n, inner) around one dim: a slice, a concat input or a split
+// output is the block [start : start + len * step : step] of the middle dim;
+// with step 1 that is one contiguous run per outer index, copied as rows in
+// units of up to 16 bytes. Indices are 32-bit whenever they fit.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +18,38 @@
 
 namespace infinitrain::gpu {
 
-template <typename U>
-__global__ void PermuteKernel(Broadcast<1> b, const U* __restrict__ x, U* __restrict__ y, int64_t n) {
-    GPU_KERNEL_LOOP(q, n) {
-        int64_t off[1];
-        BroadcastOffsets(b, q, off);
-        y[q] = x[off[0]];
+// The output walked in row-major order over `nd` coalesced dims, reading the input through their strides. I is
+// the index type: 32-bit indices when everything fits (integer division is several times cheaper), and U the
+// unit moved, up to 16 bytes when the innermost dim stays contiguous.
+template <typename I>
+struct PermutePlan {
+    int nd;
+    I size[kMaxDims];
+    I stride[kMaxDims];
+};
+
+template <typename U, typename I>
+__global__ void PermuteKernel(PermutePlan<I> p, const U* __restrict__ x, U* __restrict__ y, I n) {
+    for (I q = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; q < n; q += static_cast<I>(gridDim.x) * blockDim.x) {
+        I i = q, off = 0;
+        for (int d = p.nd - 1; d >= 0; --d) {
+            const I t = i / p.size[d];
+            off += (i - t * p.size[d]) * p.stride[d];
+            i = t;
+        }
+        y[q] = x[off];
+    }
+}
+
+// rows x row_units units U: dst[r * dst_stride + u] = src[r * src_stride + u] (slices, concat, split with step 1).
+template <typename U, typename I>
+__global__ void RowCopyKernel(const U* __restrict__ src, U* __restrict__ dst, I rows, I row_units, I src_stride,
+                              I dst_stride) {
+    const I total = rows * row_units;
+    for (I q = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; q < total;
+         q += static_cast<I>(gridDim.x) * blockDim.x) {
+        const I r = q / row_units, u = q - r * row_units;
+        dst[r * dst_stride + u] = src[r * src_stride + u];
     }
 }
 

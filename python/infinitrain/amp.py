@@ -1,6 +1,7 @@
 """Automatic mixed precision: inside autocast, matrix products and attention
 run in the low-precision dtype (the provider's default: bfloat16 on the CPU),
-while softmax, log-softmax and cross-entropy run in float32."""
+softmax and log-softmax run in float32, and cross-entropy computes in float32
+from the 16-bit logits as they are."""
 
 import threading
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from infinitrain import amp, autograd, dispatch
 from infinitrain import functional as F
-from infinitrain.tensor import Tensor, from_numpy
+from infinitrain.tensor import Tensor, from_numpy, zeros
 
 
 # Like the kernels, composites compute bfloat16 in float32 and round once at the end.
@@ -154,6 +154,67 @@ def cross_entropy_backward(logits, target, lse, grad, ignore_index):
     return [_down(F.mul(d, scale), logits.dtype)]
 
 
+def moe_topk(logits, k, normalize):
+    """(weights, experts): k rounds of argmax (the first maximum, so ties go to the lower expert), each
+    masking its pick; weights from the chosen logits (a softmax over them) or over the whole row."""
+    x = _up(logits)
+    N, E = x.shape
+    cols = from_numpy(np.arange(E, dtype=np.int64), device=x.device).reshape(1, E)
+    masked, picks = x, []
+    for _ in range(k):
+        idx = F.argmax(masked, -1, keepdim=True)
+        picks.append(idx)
+        masked = F.masked_fill(masked, F.eq(cols, idx), -math.inf)
+    experts = F.cat(picks, 1)
+    chosen = F.gather(x, 1, experts)
+    if normalize:
+        return F.softmax(chosen, -1), experts
+    m = F.amax(x, -1, keepdim=True)
+    lse = F.add(F.log(F.sum(F.exp(F.sub(x, m)), -1, keepdim=True)), m)
+    return F.exp(F.sub(chosen, lse)), experts
+
+
+def moe_topk_backward(logits, experts, grad, normalize):
+    """dlogits: through a softmax over the chosen logits (normalize) or over the whole row."""
+    x = _up(logits)
+    g = _down(grad, x.dtype)
+    zero = zeros(x.shape, dtype=x.dtype, device=x.device)
+    if normalize:
+        w = F.softmax(F.gather(x, 1, experts), -1)
+        dchosen = F.mul(w, F.sub(g, F.sum(F.mul(g, w), -1, keepdim=True)))
+        return [_down(F.scatter_add(zero, 1, experts, dchosen), logits.dtype)]
+    p = F.softmax(x, -1)
+    dp = F.scatter_add(zero, 1, experts, g)
+    return [_down(F.mul(p, F.sub(dp, F.sum(F.mul(dp, p), -1, keepdim=True))), logits.dtype)]
+
+
+def moe_permute(x, experts, num_experts):
+    """(rows, source, counts). The order is a stable sort of the slots by expert, computed on the host from a
+    copy of experts (a small int64 array); the rows themselves move on the device (an embedding lookup)."""
+    N, k = experts.shape
+    e = experts.numpy().reshape(-1)
+    bad = (e < 0) | (e >= num_experts)
+    if bad.any():
+        s = int(np.argmax(bad))
+        raise IndexError(f"moe_permute: expert {e[s]} at slot {s} out of range (expected 0 <= expert < {num_experts})")
+    source = np.argsort(e, kind="stable").astype(np.int64)
+    counts = np.bincount(e, minlength=num_experts).astype(np.int64)
+    rows = F.embedding(from_numpy(source // k, device=x.device), x)
+    return rows, from_numpy(source, device=x.device), from_numpy(counts, device=x.device)
+
+
+def moe_unpermute(y, source, weights):
+    """out[n] = sum_j weights[n, j] * y[pos[n*k + j]]; pos, the inverse of source, by a scatter of row numbers
+    (float64, exact for any realistic row count)."""
+    N, k = weights.shape
+    M = y.shape[0]
+    rows = from_numpy(np.arange(M, dtype=np.float64), device=y.device)
+    pos = F.scatter_add(zeros(M, dtype="float64", device=y.device), 0, source, rows)
+    picked = F.embedding(F.cast(pos, "int64"), _up(y)).reshape(N, k, y.shape[1])
+    out = F.sum(F.mul(picked, _down(weights, picked.dtype).reshape(N, k, 1)), 1)
+    return _down(out, y.dtype)
+
+
 @autograd.no_grad()
 def adamw_(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     """The adamw_ update in place, from required ops."""
@@ -177,6 +238,9 @@ _FORWARD = {
     "rope": lambda ins, a: [rope(ins[0], ins[1], ins[2], bool(a[0]))],
     "sdpa": lambda ins, a: list(sdpa(ins[0], ins[1], ins[2], bool(a[0]), a[1])),
     "cross_entropy": lambda ins, a: list(cross_entropy(ins[0], ins[1], a[0])),
+    "moe_topk": lambda ins, a: list(moe_topk(ins[0], a[0], a[1])),
+    "moe_permute": lambda ins, a: list(moe_permute(ins[0], ins[1], a[0])),
+    "moe_unpermute": lambda ins, a: [moe_unpermute(ins[0], ins[1], ins[2])],
 }
 
 
@@ -236,6 +300,8 @@ COMPOSITES.update(
         "rmsnorm_backward": _explicit(rmsnorm_backward),
         "sdpa_backward": _explicit(sdpa_backward),
         "cross_entropy_backward": _explicit(cross_entropy_backward),
+        "moe_topk_backward": _explicit(moe_topk_backward),
+        "moe_unpermute_backward": _derived("moe_unpermute", [1, 2, 3], 0, [0, 2]),
         "adamw_": _adamw,
     }
 )

@@ -674,7 +674,8 @@ def scaled_dot_product_attention(q, k, v, is_causal=True, scale=None):
 
 def cross_entropy(logits, target, ignore_index=-100):
     """Mean cross-entropy of logits [N, V] (or [..., V]) against int64 targets [N] (or [...])."""
-    logits = _autocast_fp32(logits)
+    # No cast under autocast: the kernels compute in float32 from 16-bit logits (exact widening), and a float32
+    # copy of [N, vocab] logits would cost more than the loss itself.
     if logits.ndim != 2:
         logits = logits.reshape(-1, logits.shape[-1])
         target = target.reshape(-1)
@@ -690,3 +691,61 @@ def cross_entropy(logits, target, ignore_index=-100):
             (logits, target),
         )
     return loss
+
+
+# ---- mixture of experts ----
+
+
+def _stat_dtype(dtype):
+    return "float64" if dtype == "float64" else "float32"
+
+
+def moe_topk(logits, k, normalize=True):
+    """Router top-k of logits [N, E]: (weights [N, k] float32, experts [N, k] int64), experts in descending
+    logit order; weights are softmax probabilities, renormalised over the chosen k when `normalize`."""
+    k, normalize = int(k), int(bool(normalize))
+    w, experts = _call("moe_topk", [logits], [k, normalize])
+    w, experts = Tensor(w), Tensor(experts)
+    if _needs_grad(logits):
+
+        def backward(g):
+            if g.dtype != w.dtype:
+                g = cast(g, w.dtype)
+            return (_run1("moe_topk_backward", [logits, experts, g], [normalize]),)
+
+        _record(w, (logits,), backward, "moe_topk", (logits,))
+    return w, experts
+
+
+def moe_permute(x, experts, num_experts):
+    """Dropless dispatch of the rows of x [N, C] to experts [N, k]: (rows [N*k, C] grouped by expert,
+    source [N*k] int64 slot n*k+j of each row, counts [num_experts] int64)."""
+    out, source, counts = _call("moe_permute", [x, experts], [int(num_experts)])
+    out, source, counts = Tensor(out), Tensor(source), Tensor(counts)
+    if _needs_grad(x):
+        shape = experts.shape
+
+        def backward(g):
+            ones = zeros(shape, dtype=_stat_dtype(g.dtype), device=g.device).fill_(1.0)
+            return (_run1("moe_unpermute", [g, source, ones]),)
+
+        _record(out, (x,), backward, "moe_permute")
+    return out, source, counts
+
+
+def moe_unpermute(y, source, weights):
+    """Combine of expert outputs y [N*k, C] (moe_permute's order) into [N, C], each row weighted by weights [N, k]."""
+    want = _stat_dtype(y.dtype)
+    if weights.dtype != want:
+        weights = cast(weights, want)
+    out = _run1("moe_unpermute", [y, source, weights])
+    if _needs_grad(y, weights):
+
+        def backward(g):
+            if g.dtype != y.dtype:
+                g = cast(g, y.dtype)
+            dy, dw = _call("moe_unpermute_backward", [g, y, source, weights])
+            return Tensor(dy), None, Tensor(dw)
+
+        _record(out, (y, None, weights), backward, "moe_unpermute", (y, weights))
+    return out

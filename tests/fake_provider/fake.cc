@@ -23,6 +23,7 @@ constexpr const char* kName = STR(PROVIDER_NAME);
 
 std::atomic<int64_t> g_handles{0};
 std::atomic<int64_t> g_binds{0};
+std::atomic<int64_t> g_override_calls{0};
 
 class FakeRuntime final : public HostMemoryRuntime {
 public:
@@ -33,6 +34,12 @@ public:
 
 // Device memory is host memory here, so the CPU kernel can run on the same context.
 void CpuKernel(KernelContext& ctx) { ctx.op->Kernel(DeviceType::kCPU)(ctx); }
+
+// Replaces the plain fill_ kernel registered below; counts its calls so the tests see which one ran.
+void FillOverride(KernelContext& ctx) {
+    ++g_override_calls;
+    CpuKernel(ctx);
+}
 
 // <name>.scale_add(x, y; alpha) = x + alpha * y, float32 or float64.
 std::vector<TensorMeta> ScaleAddShape(const char* op, const std::vector<Tensor>& in, const Attrs&) {
@@ -60,9 +67,10 @@ std::vector<Tensor> ScaleAddComposite(const std::vector<Tensor>& in, const Attrs
     return GetOp("add").Call({in[0], scaled}, {});
 }
 
-// <name>.blas_probe(x) -> int64 [3]: the calling thread's BLAS handle id, handles made, stream binds.
+// <name>.blas_probe(x) -> int64 [4]: the calling thread's BLAS handle id, handles made, stream binds, and
+// calls of the fill_ override.
 std::vector<TensorMeta> ProbeShape(const char*, const std::vector<Tensor>&, const Attrs&) {
-    return {{Shape{3}, DataType::kInt64}};
+    return {{Shape{4}, DataType::kInt64}};
 }
 
 void ProbeKernel(KernelContext& ctx) {
@@ -70,6 +78,7 @@ void ProbeKernel(KernelContext& ctx) {
     out[0] = *static_cast<int64_t*>(BlasHandle(ctx.stream));
     out[1] = g_handles;
     out[2] = g_binds;
+    out[3] = g_override_calls;
 }
 
 }  // namespace
@@ -77,6 +86,7 @@ void ProbeKernel(KernelContext& ctx) {
 REGISTER_PROVIDER_RUNTIME(kName, FakeRuntime);
 // Enough to create tensors, run elementwise arithmetic and compose silu; nothing else.
 REGISTER_PROVIDER_KERNEL(kName, "fill_", CpuKernel);
+REGISTER_PROVIDER_KERNEL_OVERRIDE(kName, "fill_", FillOverride);
 REGISTER_PROVIDER_KERNEL(kName, "cast", CpuKernel);
 REGISTER_PROVIDER_KERNEL(kName, "add", CpuKernel);
 REGISTER_PROVIDER_KERNEL(kName, "mul", CpuKernel);

@@ -37,6 +37,12 @@ def _unavailable_impl(ctx):
 # Stands in for every @local_cuda target when no toolkit was found: analysis fails with one line.
 cuda_unavailable = rule(implementation = _unavailable_impl)
 
+def _part_unavailable_impl(ctx):
+    fail("--config=cuda: " + ctx.attr.message)
+
+# Stands in for one part of the SDK that is missing (cudnn-frontend's headers), with its own line.
+cuda_part_unavailable = rule(implementation = _part_unavailable_impl, attrs = {"message": attr.string()})
+
 def _gencode(arch):
     num = arch[3:]
     return "-gencode=arch=compute_%s,code=sm_%s" % (num, num)

@@ -3,6 +3,7 @@
 Pure NumPy; importable without the C++ extension.
 """
 
+from .hf_tokenizer import HFTokenizer, tokenize_files, train_bpe
 from .loader import DataLoader
 from .shakespeare import default_cache_dir, default_corpus, default_corpus_path
 from .tokenizer import ByteTokenizer, Tokenizer
@@ -11,6 +12,7 @@ from .tokens import MAGIC_GPT2, MAGIC_LLAMA3, TokenFile, read_tokens, read_token
 __all__ = [
     "ByteTokenizer",
     "DataLoader",
+    "HFTokenizer",
     "MAGIC_GPT2",
     "MAGIC_LLAMA3",
     "TokenFile",
@@ -20,5 +22,7 @@ __all__ = [
     "default_corpus_path",
     "read_tokens",
     "read_tokens_header",
+    "tokenize_files",
+    "train_bpe",
     "write_tokens",
 ]

@@ -88,7 +88,8 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd, device=device)
 
     def forward(self, idx, targets=None):
-        """idx, targets: int64 [B, T]. Returns (logits [B, T, vocab_size], mean loss or None)."""
+        """idx, targets: int64 [B, T]. Returns (logits, mean loss or None): logits [B, T, vocab_size] without
+        targets; with targets [B, T, padded_vocab_size], the padded columns -inf (llm.c's layout)."""
         B, T = check_ids("GPT2", idx, targets, self.config.block_size)
         head = self.wte.weight
         if self.config.padded_vocab_size != self.config.vocab_size:
@@ -98,13 +99,42 @@ class GPT2(nn.Module):
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
-        logits = F.linear(x, head)
+        # The head runs over the padded vocabulary: its aligned width keeps the GEMMs on the fast path.
+        logits = F.linear(x, self.wte.weight)
+        if self.config.padded_vocab_size != self.config.vocab_size:
+            if targets is None:
+                logits = logits[..., : self.config.vocab_size]
+            else:
+                logits = logits.masked_fill(self._padding_mask(), -math.inf)  # padding takes no probability
         loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
         return logits, loss
+
+    def _padding_mask(self):
+        """True for the padded vocabulary columns, on the model's device (made once)."""
+        device = self.wte.weight.device
+        mask = getattr(self, "_pad_mask", None)
+        if mask is None or mask.device != device:
+            cols = np.arange(self.config.padded_vocab_size) >= self.config.vocab_size
+            mask = self._pad_mask = from_numpy(cols, device=device)
+        return mask
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
         cfg = self.config
         return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+
+    # ---- Hugging Face checkpoints (models/hf.py) ----
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", **kwargs):
+        """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
+        from infinitrain.models import hf
+
+        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+
+    def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
+        """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
+        from infinitrain.models import hf
+
+        hf.save_pretrained(self, path, dtype, max_shard_size)
 
     # ---- llm.c model files ----
     def _llmc_tensors(self):

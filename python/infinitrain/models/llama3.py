@@ -71,8 +71,9 @@ class LLaMA3Config:
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
 
-def rope_tables(cfg, device, length=None):
-    """cos, sin [length, head_dim / 2] (float32) of the rotation angles t * freq_i (length: block_size)."""
+def rope_tables(cfg, device, length=None, dtype="float32"):
+    """cos, sin [length, head_dim / 2] of the rotation angles t * freq_i (length: block_size; float32, or
+    float64 for float64 models)."""
     hd = cfg.head_dim
     freqs = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     if cfg.use_scaled_rope:
@@ -83,7 +84,7 @@ def rope_tables(cfg, device, length=None):
         scaled = (1 - smooth) * freqs / factor + smooth * freqs
         freqs = np.where(wavelen < old_ctx / high, freqs, np.where(wavelen > old_ctx / low, freqs / factor, scaled))
     angles = np.outer(np.arange(cfg.block_size if length is None else length, dtype=np.float64), freqs)
-    return from_numpy(np.cos(angles), "float32", device), from_numpy(np.sin(angles), "float32", device)
+    return from_numpy(np.cos(angles), dtype, device), from_numpy(np.sin(angles), dtype, device)
 
 
 class Attention(nn.Module):
@@ -145,9 +146,11 @@ class LLaMA3(nn.Module):
         # Built for the lengths in use (not block_size, which a model file may set huge), doubling as they grow;
         # row t does not depend on the table's length.
         device = self.wte.weight.device
-        if self._rope is None or self._rope[0].device != device or self._rope[0].shape[0] < T:
+        dtype = "float64" if self.wte.weight.dtype == "float64" else "float32"  # the rope op's table dtype
+        rope = self._rope
+        if rope is None or rope[0].device != device or rope[0].dtype != dtype or rope[0].shape[0] < T:
             n = min(self.config.block_size, max(64, 1 << (T - 1).bit_length()))
-            self._rope = rope_tables(self.config, device, n)
+            self._rope = rope_tables(self.config, device, n, dtype)
         cos, sin = self._rope
         return cos[:T], sin[:T]
 
@@ -165,6 +168,20 @@ class LLaMA3(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
         cfg = self.config
         return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+
+    # ---- Hugging Face checkpoints (models/hf.py) ----
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", **kwargs):
+        """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
+        from infinitrain.models import hf
+
+        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+
+    def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
+        """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
+        from infinitrain.models import hf
+
+        hf.save_pretrained(self, path, dtype, max_shard_size)
 
     # ---- llm.c model files ----
     def _llmc_tensors(self):

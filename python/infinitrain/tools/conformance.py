@@ -85,8 +85,9 @@ def error(got, ref, rtol, atol):
     return float(ratio.max()), float(diff.max())
 
 
-def check(got, expected, case_dtype, names, device):
-    """Compares output tensors with a spec's expected values: (worst ratio, max abs error, note)."""
+def check(got, expected, case_dtype, names, device, rel16=None):
+    """Compares output tensors with a spec's expected values: (worst ratio, max abs error, note). rel16: the
+    spec's extra absolute tolerance for 16-bit outputs, as a fraction of the largest reference value."""
     if len(got) != len(expected):
         return math.inf, None, f"{len(got)} outputs, expected {len(expected)}"
     worst, max_abs, note = 0.0, 0.0, ""
@@ -100,7 +101,10 @@ def check(got, expected, case_dtype, names, device):
         arr = t.numpy()
         if arr.shape != ref.shape:
             return math.inf, None, f"{name}: shape {arr.shape}, expected {ref.shape}"
-        ratio, diff = error(arr, ref, *TOL.get(dtype, (0.0, 0.0)))
+        rtol, atol = TOL.get(dtype, (0.0, 0.0))
+        if rel16 and dtype in rel16 and ref.size:
+            atol = max(atol, rel16[dtype] * float(np.nanmax(np.abs(np.where(np.isfinite(ref), ref, 0.0)))))
+        ratio, diff = error(arr, ref, rtol, atol)
         max_abs = max(max_abs, diff)
         if ratio > worst:
             worst = ratio
@@ -132,8 +136,8 @@ def run_case(info, spec, dtype, device, runner, gen):
     if info["inplace"]:
         inputs_named = _names(info["inputs"])
         written = [tensors[i] for i in info["inplace"]]
-        return check(written, expected, dtype, [inputs_named[i] for i in info["inplace"]], device)
-    return check(list(outs), expected, dtype, _names(info["outputs"]), device)
+        return check(written, expected, dtype, [inputs_named[i] for i in info["inplace"]], device, spec.rel16)
+    return check(list(outs), expected, dtype, _names(info["outputs"]), device, spec.rel16)
 
 
 def _status(ratio, tier, how):

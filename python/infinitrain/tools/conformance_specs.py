@@ -24,6 +24,14 @@ class Spec(NamedTuple):
     make: Callable
     ref: Callable
     extra: tuple = ()  # non-float dtypes worth a case, when the table accepts them
+    # 16-bit outputs may also err by this fraction of the largest reference value (see ATTENTION_16).
+    rel16: dict = {}
+
+
+# Fused attention kernels (cuDNN's, flash attention) round the softmax probabilities to the inputs' 16-bit
+# dtype before multiplying by V, so a 16-bit output may err by about half an ulp of that dtype times the
+# largest |value| (2^-8 for bfloat16, 2^-11 for float16); twice that is allowed.
+ATTENTION_16 = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
 
 
 def stat(dtype):
@@ -404,6 +412,85 @@ def _ce_backward_ref(xs, at, d):
     return [np.where(keep[:, None], dx, 0.0) * grad / keep.sum()]
 
 
+# Mixture of experts: N tokens, E experts, top-k, C channels. normalize is drawn per case.
+_MOE = dict(n=9, e=6, k=2, c=5)
+
+
+def _moe_routes(gen, n, e, k):
+    """k distinct experts per token, in random order."""
+    return np.stack([gen.permutation(e)[:k] for _ in range(n)]).astype(np.int64)
+
+
+def _moe_softmax_rows(x):
+    z = np.exp(x - x.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def _moe_topk_make(gen, d):
+    return [(_randn(gen, (_MOE["n"], _MOE["e"]), 2.0), d)], [_MOE["k"], int(gen.integers(0, 2))]
+
+
+def _moe_topk_ref(xs, at, d):
+    (x,), (k, normalize) = xs, at
+    experts = np.argsort(-x, axis=-1, kind="stable")[:, :k]  # descending, ties to the lower expert
+    chosen = np.take_along_axis(x, experts, -1)
+    w = _moe_softmax_rows(chosen) if normalize else np.take_along_axis(_moe_softmax_rows(x), experts, -1)
+    return [(w, stat(d)), experts]
+
+
+def _moe_topk_backward_make(gen, d):
+    n, e, k = _MOE["n"], _MOE["e"], _MOE["k"]
+    x = _randn(gen, (n, e), 2.0)
+    return [(x, d), (_moe_routes(gen, n, e, k), "int64"), (_randn(gen, (n, k)), stat(d))], [int(gen.integers(0, 2))]
+
+
+def _moe_topk_backward_ref(xs, at, d):
+    x, experts, g = xs
+    rows = np.arange(x.shape[0])[:, None]
+    dl = np.zeros_like(x)
+    if at[0]:
+        w = _moe_softmax_rows(np.take_along_axis(x, experts, -1))
+        np.add.at(dl, (rows, experts), w * (g - (g * w).sum(-1, keepdims=True)))
+        return [dl]
+    p = _moe_softmax_rows(x)
+    np.add.at(dl, (rows, experts), g)
+    return [p * (dl - (dl * p).sum(-1, keepdims=True))]
+
+
+def _moe_permute_make(gen, d):
+    n, k, c = _MOE["n"], _MOE["k"], _MOE["c"]
+    return [(_randn(gen, (n, c)), d), (_moe_routes(gen, n, 4, k), "int64")], [5]  # expert 4 never chosen
+
+
+def _moe_permute_ref(xs, at, d):
+    x, experts = xs
+    flat = experts.reshape(-1)
+    source = np.argsort(flat, kind="stable")
+    return [x[source // experts.shape[1]], source.astype(np.int64), np.bincount(flat, minlength=at[0])]
+
+
+def _moe_combine(gen, d):
+    n, k, c = _MOE["n"], _MOE["k"], _MOE["c"]
+    source = gen.permutation(n * k).astype(np.int64)
+    return [(_randn(gen, (n * k, c)), d), (source, "int64"), (gen.uniform(0.0, 1.0, (n, k)), stat(d))]
+
+
+def _moe_unpermute_ref(xs, at, d):
+    y, source, w = xs
+    n, k = w.shape
+    pos = np.argsort(source)
+    return [(y[pos].reshape(n, k, -1) * w[..., None]).sum(1)]
+
+
+def _moe_unpermute_backward_ref(xs, at, d):
+    g, y, source, w = xs
+    k = w.shape[1]
+    rows = g[source // k]
+    dw = np.zeros(w.size)
+    dw[source] = (rows * y).sum(-1)
+    return [w.reshape(-1)[source][:, None] * rows, (dw.reshape(w.shape), stat(d))]
+
+
 _ADAMW = [1e-2, 0.9, 0.999, 1e-8, 0.1, 3]  # lr, beta1, beta2, eps, weight_decay, step
 
 
@@ -644,9 +731,18 @@ SPECS = {
         lambda xs, at, d: [xs[2] * xs[1] * _silu_grad(xs[0]), xs[2] * xs[0] * _sigmoid(xs[0])],
     ),
     "rope": Spec(_rope_make, _rope_ref),
-    "sdpa": Spec(_sdpa_make, _sdpa_ref),
-    "sdpa_backward": Spec(_sdpa_backward_make, _sdpa_backward_ref),
+    "sdpa": Spec(_sdpa_make, _sdpa_ref, rel16=ATTENTION_16),
+    "sdpa_backward": Spec(_sdpa_backward_make, _sdpa_backward_ref, rel16=ATTENTION_16),
     "cross_entropy": Spec(_ce_make, _ce_ref),
     "cross_entropy_backward": Spec(_ce_backward_make, _ce_backward_ref),
     "adamw_": Spec(_adamw_make, _adamw_ref),
+    # mixture of experts
+    "moe_topk": Spec(_moe_topk_make, _moe_topk_ref),
+    "moe_topk_backward": Spec(_moe_topk_backward_make, _moe_topk_backward_ref),
+    "moe_permute": Spec(_moe_permute_make, _moe_permute_ref),
+    "moe_unpermute": Spec(lambda gen, d: (_moe_combine(gen, d), []), _moe_unpermute_ref),
+    "moe_unpermute_backward": Spec(
+        lambda gen, d: ([(_randn(gen, (_MOE["n"], _MOE["c"])), d)] + _moe_combine(gen, d), []),
+        _moe_unpermute_backward_ref,
+    ),
 }

@@ -1,0 +1,174 @@
+"""The decoder-only transformer that Qwen3 and Mixtral share, with Hugging Face's module names (so LoRA
+patterns and checkpoint names read the same): RMSNorm pre-norm blocks, grouped-query attention with rotary
+embeddings (optionally a per-head RMSNorm on queries and keys), and a SwiGLU MLP or a sparse
+mixture-of-experts block per layer; an optionally tied output head.
+
+Rotary embeddings rotate interleaved pairs (x[2i], x[2i+1]) (the `rope` op); Hugging Face checkpoints
+rotate halves, and models/hf.py permutes the q/k projection rows on load and save (docs/decisions.md).
+"""
+
+import math
+
+from infinitrain import functional as F
+from infinitrain import nn
+from infinitrain.models import validate as V
+from infinitrain.models.llama3 import rope_tables
+from infinitrain.models.moe import Expert, SparseMoE, load_balancing_loss
+from infinitrain.models.sampling import generate
+
+
+def _int(cfg, name, lo, hi):
+    if not isinstance(getattr(type(cfg), name, None), property):  # a property derives from a checked field
+        V.int_field(cfg, name, lo, hi)
+
+
+def check_config(cfg):
+    """Validation shared by the decoder configs (types and sane bounds, as models/validate.py's); raises
+    ValueError naming the field."""
+    _int(cfg, "block_size", 1, V.MAX_BLOCK_SIZE)
+    _int(cfg, "vocab_size", 1, V.MAX_VOCAB)
+    _int(cfg, "n_layer", 1, V.MAX_LAYERS)
+    _int(cfg, "n_head", 1, V.MAX_HEADS)
+    _int(cfg, "n_kv_head", 1, V.MAX_HEADS)
+    _int(cfg, "n_embd", 1, V.MAX_WIDTH)
+    _int(cfg, "head_dim", 1, V.MAX_WIDTH)
+    _int(cfg, "intermediate_size", 1, 64 * V.MAX_WIDTH)
+    V.float_field(cfg, "norm_eps", 0.0, 1.0, lo_open=True)
+    V.float_field(cfg, "rope_theta", 1.0, 1e12)
+    V.float_field(cfg, "router_aux_loss_coef", 0.0, 1e3)
+    V.bool_field(cfg, "tie_word_embeddings")
+    if cfg.n_head % cfg.n_kv_head:
+        raise ValueError(f"n_head ({cfg.n_head}) must be a multiple of n_kv_head ({cfg.n_kv_head})")
+    if cfg.head_dim % 2:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {cfg.head_dim}")
+    _int(cfg, "num_experts", 0, 1 << 12)
+    if cfg.num_experts:
+        _int(cfg, "num_experts_per_tok", 1, cfg.num_experts)
+        _int(cfg, "moe_intermediate_size", 1, 64 * V.MAX_WIDTH)
+        _int(cfg, "decoder_sparse_step", 1, V.MAX_LAYERS)
+
+
+def is_sparse_layer(cfg, i):
+    """Whether layer i has the mixture-of-experts block (Qwen3-MoE's rule; every layer for Mixtral)."""
+    return cfg.num_experts > 0 and i not in cfg.mlp_only_layers and (i + 1) % cfg.decoder_sparse_step == 0
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, device, proj_std, qk_norm):
+        super().__init__()
+        self.cfg = cfg
+        C, hd = cfg.n_embd, cfg.head_dim
+        self.q_proj = nn.Linear(C, cfg.n_head * hd, False, device, std=0.02)
+        self.k_proj = nn.Linear(C, cfg.n_kv_head * hd, False, device, std=0.02)
+        self.v_proj = nn.Linear(C, cfg.n_kv_head * hd, False, device, std=0.02)
+        self.o_proj = nn.Linear(cfg.n_head * hd, C, False, device, std=proj_std)
+        self.q_norm = nn.RMSNorm(hd, cfg.norm_eps, device) if qk_norm else None
+        self.k_norm = nn.RMSNorm(hd, cfg.norm_eps, device) if qk_norm else None
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        nh, nkv, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
+        q = self.q_proj(x).reshape(B, T, nh, hd)
+        k = self.k_proj(x).reshape(B, T, nkv, hd)
+        if self.q_norm is not None:  # QK-norm: RMSNorm over each head's vector, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = F.rope(q, cos, sin).transpose(1, 2)
+        k = F.rope(k, cos, sin).transpose(1, 2)
+        v = self.v_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cfg, i, device, proj_std, qk_norm):
+        super().__init__()
+        C = cfg.n_embd
+        self.input_layernorm = nn.RMSNorm(C, cfg.norm_eps, device)
+        self.self_attn = Attention(cfg, device, proj_std, qk_norm)
+        self.post_attention_layernorm = nn.RMSNorm(C, cfg.norm_eps, device)
+        if is_sparse_layer(cfg, i):
+            self.mlp = SparseMoE(
+                C,
+                cfg.moe_intermediate_size,
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                cfg.norm_topk_prob,
+                device,
+                proj_std=proj_std,
+            )
+        else:
+            self.mlp = Expert(C, cfg.intermediate_size, device, 0.02, proj_std)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderLM(nn.Module):
+    """Token embedding, blocks, final RMSNorm and the output head (the embedding itself when tied).
+    forward(idx, targets) returns (logits, loss); with experts, loss adds router_aux_loss_coef times the
+    load-balancing loss, which is also kept in `aux_loss`."""
+
+    qk_norm = False  # subclasses: Qwen3 normalises queries and keys per head
+
+    def __init__(self, cfg, device="cpu"):
+        super().__init__()
+        self.config = cfg
+        proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.n_embd, device=device, std=0.02)
+        self.layers = nn.ModuleList([DecoderBlock(cfg, i, device, proj_std, self.qk_norm) for i in range(cfg.n_layer)])
+        self.norm = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, False, device, std=0.02)
+        self.aux_loss = None
+        self._rope = None
+
+    def _tables(self, T):
+        # Built for the lengths in use (block_size may be huge), doubling as they grow, as LLaMA3 does.
+        device = self.embed_tokens.weight.device
+        dtype = "float64" if self.embed_tokens.weight.dtype == "float64" else "float32"  # the rope op's table dtype
+        rope = self._rope
+        if rope is None or rope[0].device != device or rope[0].dtype != dtype or rope[0].shape[0] < T:
+            n = min(self.config.block_size, max(64, 1 << (T - 1).bit_length()))
+            self._rope = rope_tables(self.config, device, n, dtype)
+        cos, sin = self._rope
+        return cos[:T], sin[:T]
+
+    def forward(self, idx, targets=None):
+        """idx, targets: int64 [B, T]. Returns (logits [B, T, vocab_size], mean loss or None)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        cos, sin = self._tables(T)
+        x = self.embed_tokens(idx)
+        for block in self.layers:
+            x = block(x, cos, sin)
+        x = self.norm(x)
+        head = getattr(self, "lm_head", None)
+        logits = head(x) if head is not None else F.linear(x, self.embed_tokens.weight)
+        stats = [b.mlp.router_stats for b in self.layers if isinstance(b.mlp, SparseMoE)]
+        self.aux_loss = load_balancing_loss(stats, self.config.num_experts) if stats else None
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
+            if self.aux_loss is not None and self.config.router_aux_loss_coef:
+                loss = loss + self.aux_loss * self.config.router_aux_loss_coef
+        return logits, loss
+
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
+        cfg = self.config
+        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+
+    # ---- Hugging Face checkpoints (models/hf.py) ----
+    @classmethod
+    def from_pretrained(cls, path, device="cpu", **kwargs):
+        """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
+        from infinitrain.models import hf
+
+        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+
+    def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
+        """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
+        from infinitrain.models import hf
+
+        hf.save_pretrained(self, path, dtype, max_shard_size)
