@@ -124,12 +124,13 @@ def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path):
         ("--zero_stage=1", "ZeRO"),
         ("--sequence_parallel", "sequence parallelism"),
         ("--pipeline_parallel=2", "pipeline parallelism"),
-        ("--lora_rank=8", "LoRA is not implemented yet"),
+        ("--lora_save_path=x", "--lora_save_path needs --lora_rank"),
+        ("--activation_recompute --model=mixtral", "not implemented for mixture-of-experts"),
         ("--recompute_granularity=selective", "selective"),
         ("--recompute_num_layers=2", "--recompute_num_layers=2"),
         ("--lr_decay_style=warmdown", "lr_decay_style"),
     ):
-        one_line_error(run_train(*base, flag, check=False), flag.split("=")[0], needle)
+        one_line_error(run_train(*base, *flag.split(), check=False), flag.split()[0].split("=")[0], needle)
 
 
 def test_model_shape_conflicts_and_vocabulary(corpus, tmp_path):
@@ -312,3 +313,53 @@ def test_activation_recompute_keeps_loss_and_gradients_and_lowers_peak_memory(fa
     for k in grads:  # the same kernels on the same inputs: equal bits
         np.testing.assert_array_equal(grads_rc[k], grads[k], err_msg=k)
     assert peak_rc < 0.7 * peak, (peak_rc, peak)
+
+
+# ---- the models' families and LoRA ---------------------------------------------------------------------------
+
+
+def test_lora_trains_the_adapters_alone_and_saves_them(corpus, tmp_path):
+    """InfiniTrain's --lora_rank/--lora_target_modules through the models' LoRA: base weights stay as they were,
+    the adapters are saved with --lora_save_path, and export merges them into an llm.c file."""
+    from infinitrain.models import GPT2
+    from infinitrain.runs import read_checkpoint
+
+    ckpt, adapters = tmp_path / "ckpt", tmp_path / "adapters"
+    args = [f"--input_bin={corpus}", "--num_iteration=3", "--lr_warmup_iters=0", *TINY, "--model=gpt2"]
+    run_train(*args, f"--save={ckpt}", "--save_interval=1", "--max_checkpoint_keep=3", "--lora_rank=2",
+              "--lora_target_modules=c_attn,c_proj", f"--lora_save_path={adapters}")  # fmt: skip
+    assert (adapters / "adapter_config.json").exists()
+    first, _ = read_checkpoint(ckpt / "ckpt_00000001.bin")
+    last, meta = read_checkpoint(ckpt / "ckpt_00000003.bin")
+    assert meta["lora"]["r"] == 2
+    lora_keys = [k for k in last if "lora" in k]
+    assert lora_keys and all(k.startswith("model.") for k in lora_keys)
+    for k in last:
+        if k.startswith("model."):
+            changed = not np.array_equal(first[k], last[k])
+            assert changed == ("lora_B" in k or "lora_A" in k), k  # only adapters move
+    out = tmp_path / "merged.bin"
+    p = subprocess.run(
+        [sys.executable, "-m", "infinitrain.tools.export", f"--checkpoint={ckpt}", f"--output={out}"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    merged = GPT2.from_llmc(str(out)).state_dict()
+    pre = "model.h.0.attn.c_attn."
+    want = last[pre + "weight"] + 16.0 / 2 * last[pre + "lora_B"] @ last[pre + "lora_A"]  # alpha / rank
+    np.testing.assert_allclose(merged["h.0.attn.c_attn.weight"].numpy(), want, rtol=1e-5, atol=1e-6)
+    assert not any("lora" in k for k in merged)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3"])
+def test_the_models_families_train_from_the_cli(family, corpus, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    args = [f"--input_bin={corpus}", "--num_iteration=2", f"--model={family}", *TINY, "--n_kv_head=1"]
+    if family == "mixtral":
+        args += ["--num_experts=2", "--num_experts_per_tok=1", "--intermediate_size=48"]
+    run_train(*args, f"--metrics_file={metrics}")
+    config, steps = read_metrics(metrics)
+    assert config["family"] == family and sorted(steps) == [1, 2]
+    assert config["model_config"]["n_layer"] == 1 and config["model_config"]["n_kv_head"] == 1
+    if family == "mixtral":
+        assert config["model_config"]["num_experts"] == 2 and config["model_config"]["intermediate_size"] == 48

@@ -20,8 +20,10 @@ import numpy as np
 from absl import app, flags
 
 import infinitrain as it
-from infinitrain.data import ByteTokenizer, DataLoader, Tokenizer, default_corpus, read_tokens_header
+from infinitrain.data import ByteTokenizer, DataLoader, default_corpus, read_tokens_header
 from infinitrain.data.tokens import token_file_identity
+from infinitrain.models import lora
+from infinitrain.models import registry as models_registry
 from infinitrain.runs import (
     METRICS_NAME,
     CheckpointDir,
@@ -120,11 +122,11 @@ flags.DEFINE_integer("tensor_parallel", 1, "Tensor parallel size: only 1 is impl
 flags.DEFINE_bool("sequence_parallel", False, "Sequence parallelism: not implemented.")
 flags.DEFINE_integer("pipeline_parallel", 1, "Pipeline parallel size: only 1 is implemented.")
 flags.DEFINE_integer("virtual_pipeline_parallel", 1, "Virtual pipeline chunks: only 1 is implemented.")
-flags.DEFINE_integer("lora_rank", 0, "LoRA rank (0: off); LoRA comes with the models work.")
-flags.DEFINE_float("lora_alpha", 16.0, "LoRA alpha (used with --lora_rank).")
-flags.DEFINE_string("lora_target_modules", "c_attn,c_proj", "LoRA target modules (used with --lora_rank).")
-flags.DEFINE_string("lora_save_path", "", "Save LoRA weights here (used with --lora_rank).")
-flags.DEFINE_string("lora_load_path", "", "Load LoRA weights from here (used with --lora_rank).")
+# The models' flags: --config_json, --init_from, --intermediate_size, --num_experts, --num_experts_per_tok,
+# --lora_rank, --lora_alpha, --lora_target_modules, --lora_dropout.
+models_registry.define_flags()
+flags.DEFINE_string("lora_save_path", "", "Save the LoRA adapters here at the end (PEFT's file names).")
+flags.DEFINE_string("lora_load_path", "", "Start from these LoRA adapters (their rank and targets come along).")
 
 # Our earlier names.
 ALIASES = {}
@@ -149,8 +151,6 @@ UNSUPPORTED = (
     ("virtual_pipeline_parallel", (1,), "virtual pipeline stages"),
     ("recompute_granularity", ("full", "none"), "selective activation recompute (full is)"),
     ("recompute_method", ("none", "uniform"), "block-wise recompute (uniform, one layer per region, is)"),
-    ("lora_save_path", ("",), "LoRA (it comes with the models work)"),
-    ("lora_load_path", ("",), "LoRA (it comes with the models work)"),
 )
 
 # Flags that shape the loss curve; resuming must keep them. --load may raise the two EXTENDABLE ones.
@@ -172,6 +172,7 @@ RUN_FLAGS = (
     "seed",
     "overfit_single_batch",
     "llmc_filepath",
+    *models_registry.RUN_FLAGS,
 )
 EXTENDABLE = ("num_iteration", "lr_decay_iters")
 
@@ -195,27 +196,52 @@ def resolved_min_lr(values):
 # ---- extension points ------------------------------------------------------------------------------------------
 
 
-def build_models(spec, devices):
-    """One model per device, replicas copies of the first; the generator state is as after building one."""
+def build_models(spec, devices, adapt=None):
+    """One model per device, replicas copies of the first (after `adapt`, e.g. LoRA, ran on each); the
+    generator state is as after building and adapting one."""
     model = spec.build(devices[0])
+    params = [adapt(model) if adapt else list(model.parameters())]
     models = [model]
     rng_state = it.random.default_generator.get_state()
     for d in devices[1:]:
         replica = spec.build(d)
+        params.append(adapt(replica) if adapt else list(replica.parameters()))
         replica.load_state_dict(model.state_dict())
         models.append(replica)
     it.random.default_generator.set_state(rng_state)
-    return models
+    return models, params
 
 
-def apply_lora(models, values):
-    """Where LoRA goes (the models work): adapts the models in place and returns each one's trainable
-    parameters. Without --lora_rank every parameter trains."""
-    if values["lora_rank"]:
-        raise UsageError(
-            f"--lora_rank={values['lora_rank']}: LoRA is not implemented yet (it comes with the models work)"
+def lora_settings(values):
+    """LoRA as the flags ask (None: off): the models' adapters on --lora_target_modules (empty: the family's
+    attention projections), or the adapters of --lora_load_path."""
+    if values["lora_load_path"]:
+        return {"load": values["lora_load_path"]}
+    if not values["lora_rank"]:
+        if values["lora_save_path"]:
+            raise UsageError("--lora_save_path needs --lora_rank (or --lora_load_path)")
+        return None
+    return {
+        "rank": values["lora_rank"],
+        "alpha": values["lora_alpha"],
+        "targets": values["lora_target_modules"],
+        "dropout": values["lora_dropout"],
+    }
+
+
+def apply_lora(model, family, settings):
+    """Adapts the model in place (models/lora.py); returns the parameters to train (all without LoRA)."""
+    if settings is None:
+        return list(model.parameters())
+    try:
+        if "load" in settings:
+            lora.load_adapters(model, settings["load"])
+            return lora.trainable_parameters(model)
+        return models_registry.setup_lora(
+            model, family, settings["rank"], settings["alpha"], settings["targets"], settings["dropout"]
         )
-    return [list(m.parameters()) for m in models]
+    except (ValueError, KeyError, OSError) as e:
+        raise UsageError(f"LoRA: {' '.join(str(e).split())}") from None
 
 
 def make_optimizer(params, values):
@@ -485,6 +511,11 @@ def check_unsupported(values):
         )
 
 
+def lora_checkpoint_config(model):
+    """The adapters' r, lora_alpha, lora_dropout and target_modules (as lora.save_adapters records them)."""
+    return dict(model._lora_config)
+
+
 def parse_range(text, flag):
     try:
         return precision.parse_steps(text, flag)
@@ -594,10 +625,10 @@ def resolve_data(values):
         val_path = values["input_val_bin"] or val_path
     tokenizer = None
     if values["tokenizer_bin"]:
-        try:
-            tokenizer = Tokenizer.load(values["tokenizer_bin"])
-        except ValueError as e:
-            raise UsageError(f"--tokenizer_bin: {e}") from None
+        try:  # an llm.c tokenizer file, or a Hugging Face tokenizer.json
+            tokenizer = models_registry.load_tokenizer(values["tokenizer_bin"])
+        except (ValueError, OSError) as e:
+            raise UsageError(f"--tokenizer_bin: {' '.join(str(e).split())}") from None
     if tokenizer is None and not values["input_bin"]:
         tokenizer = ByteTokenizer()
     try:
@@ -623,9 +654,12 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
     if vocab is None and tokenizer is not None:
         vocab = tokenizer.vocab_size
         vocab_from = f"--tokenizer_bin={values['tokenizer_bin']}" if values["tokenizer_bin"] else "the byte tokenizer"
-    if values["llmc_filepath"] and "vocab_size" in opts["present"]:
+    present = opts["present"]
+    if values["llmc_filepath"] and "vocab_size" in present:
         raise UsageError("--vocab_size conflicts with --llmc_filepath (the file fixes the vocabulary); drop it")
-    shape = {k: values[k] for k in model_registry.SHAPE_FLAGS}
+    # Shape flags given: ours default to None, the models' (--intermediate_size, ...) count when set.
+    shape = {k: values[k] for k in model_registry.SHAPE_FLAGS if values[k] is not None}
+    shape = {k: v for k, v in shape.items() if k in ("n_layer", "n_head", "n_kv_head", "n_embd") or k in present}
     try:
         spec = model_registry.resolve(
             values["model"],
@@ -635,12 +669,17 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             vocab_from=vocab_from,
             llmc_filepath=values["llmc_filepath"],
             token_kind=kind,
+            init_from=values["init_from"],
+            config_json=values["config_json"],
         )
     except model_registry.ModelChoiceError as e:
         raise UsageError(str(e)) from None
-    models = build_models(spec, devices)
+    lora_cfg = lora_settings(values)
+    try:
+        models, params = build_models(spec, devices, lambda m: apply_lora(m, spec.family.name, lora_cfg))
+    except (ValueError, FileNotFoundError) as e:  # a pretrained folder or config the models refuse
+        raise UsageError(" ".join(str(e).split())) from None
     model = models[0]
-    params = apply_lora(models, values)
     config = model_registry.config_dict(model)
     model_vocab = model.config.vocab_size
     what = f"--llmc_filepath={values['llmc_filepath']}" if values["llmc_filepath"] else spec.vocab_from or vocab_from
@@ -655,6 +694,11 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
         )
         tokenizer = None
     if values["activation_recompute"]:
+        if not spec.family.recompute_ok(model.config):
+            raise UsageError(
+                "--activation_recompute is not implemented for mixture-of-experts models (the router's balancing "
+                "loss is a side output of each block's forward)"
+            )
         for m in models:
             recompute.enable(m, spec.family.blocks(m))
     optimizers = [make_optimizer(p, values) for p in params]
@@ -664,6 +708,8 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
     family = spec.family.name
     tok_name = values["tokenizer_bin"] or ("byte" if isinstance(tokenizer, ByteTokenizer) else "")
     extra = {"model_config": {"family": family, "fields": config}, "tokenizer": tok_name}
+    if lora.lora_modules(model):  # sample and export rebuild the adapters before loading the weights
+        extra["lora"] = lora_checkpoint_config(model)
     ckpt_args = {"model_name": family, "run": run, "data": data, "extra": extra}
     ckpt_args["with_optimizer"] = values["save_optimizer_state"]
 
@@ -815,6 +861,9 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             print(f"{name}: stopped at step {done}; nothing saved (no --checkpoint_dir)", flush=True)
         raise Stopped(stop.signum)
     metrics.write({"kind": "end", "status": "completed", "step": done})
+    if values["lora_save_path"]:
+        lora.save_adapters(model, values["lora_save_path"])
+        print(f"saved the LoRA adapters to {values['lora_save_path']}")
     if recorder is not None and opts["prec_cfg"]["baseline"]:
         result = precision.first_divergence(opts["prec_cfg"]["baseline"], recorder.path)
         print(precision.format_divergence(result, "baseline", "this run"))
@@ -859,6 +908,8 @@ def run_step(step, values, schedule, models, params, optimizers, loader, devices
                 loss_sums[r] = loss.detach() if loss_sums[r] is None else loss_sums[r] + loss.detach()
         with mark("optimizer"), phase("optimizer"):
             if n > 1:
+                for p in params:  # an expert no token reached has no gradient; the all-reduce needs one
+                    models_registry.fill_missing_grads(p)
                 average_gradients(models, comms)
             if rec is not None:
                 rec.record_tensors("grad", models[0].named_parameters(), grads=True)

@@ -1,9 +1,10 @@
-"""Exports a train checkpoint's model to another format: an llm.c model file now (GPT-2: llm.c's layout;
-LLaMA 3: either header layout). Hugging Face safetensors comes with the models work: it plugs in as
-EXPORTERS["safetensors"] = fn(model, meta, output, args).
+"""Exports a train checkpoint's model: an llm.c model file (GPT-2: llm.c's layout; LLaMA 3: either header
+layout) or a Hugging Face checkpoint folder (config.json + safetensors, the models' save_pretrained). LoRA
+adapters are merged into the weights first. Other formats plug in as EXPORTERS[name] = fn(model, meta,
+output, args).
 
     python -m infinitrain.tools.export --checkpoint=runs/x --output=model.bin [--dtype=bfloat16]
-    ./bazelw run //python:export -- --checkpoint=ckpt/ckpt_00000300.bin --output=gpt2.bin
+    ./bazelw run //python:export -- --checkpoint=ckpt/ckpt_00000300.bin --format=safetensors --output=hf/
 """
 
 import argparse
@@ -36,12 +37,26 @@ def model_from_checkpoint(path, device="cpu"):
     if not isinstance(cfg, dict) or "family" not in cfg:
         raise ValueError(f"{path}: the checkpoint does not record its model's config (saved by an older train CLI)")
     model = model_registry.from_config(cfg["family"], cfg["fields"], device)
+    if meta.get("lora"):  # the adapters the checkpoint's weights include
+        from infinitrain.models import lora
+
+        c = meta["lora"]
+        lora.apply_lora(model, c["target_modules"], c["r"], c["lora_alpha"], c.get("lora_dropout", 0.0))
     model.load_state_dict({k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")})
     meta["path"] = path
     return model, meta
 
 
+def _merged(model):
+    from infinitrain.models import lora
+
+    return lora.merge_and_unload(model) if lora.lora_modules(model) else model
+
+
 def export_llmc(model, meta, output, args):
+    model = _merged(model)
+    if not hasattr(model, "save_llmc"):
+        raise ValueError(f"--format=llmc: llm.c files hold GPT-2 or LLaMA 3, not {type(model).__name__}")
     if isinstance(model, model_registry.FAMILIES["llama3"].model_cls):
         model.save_llmc(output, dtype=args.dtype, layout=args.layout)
     else:
@@ -49,10 +64,8 @@ def export_llmc(model, meta, output, args):
 
 
 def export_safetensors(model, meta, output, args):
-    raise ValueError(
-        "--format=safetensors is not available yet: Hugging Face export comes with the models work "
-        "(it registers infinitrain.tools.export.EXPORTERS['safetensors'])"
-    )
+    """A Hugging Face checkpoint folder at `output` (Hugging Face's names and layouts)."""
+    _merged(model).save_pretrained(output, dtype=args.dtype)
 
 
 EXPORTERS = {"llmc": export_llmc, "safetensors": export_safetensors}
@@ -67,9 +80,9 @@ class _Parser(argparse.ArgumentParser):
 def main(argv=None):
     p = _Parser(prog="export", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True, help="a train checkpoint, or a --save directory (its newest)")
-    p.add_argument("--output", required=True, help="the file to write")
+    p.add_argument("--output", required=True, help="the file (llmc) or folder (safetensors) to write")
     p.add_argument("--format", default="llmc", help=f"one of {', '.join(EXPORTERS)}")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="llm.c: parameter dtype")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
     p.add_argument("--layout", default="llmc", choices=["llmc", "infinitrain"], help="llm.c LLaMA 3 header layout")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if os.environ.get("BUILD_WORKING_DIRECTORY"):

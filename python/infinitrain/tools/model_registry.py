@@ -1,23 +1,26 @@
 """Which model `--model NAME` builds: model families (an architecture with its config class) and presets (a
-family with a fixed shape), in one registry the train, sample and export CLIs share.
+family with a fixed shape), in one registry the train, sample and export CLIs share. Sizes of a custom model
+and pretrained weights go through the models' own helpers (infinitrain.models.registry).
 
-Adding an architecture is local to its module:
+Adding an architecture is local:
 
     from infinitrain.tools import model_registry as R
-    R.register_family(R.Family("mixtral", Mixtral, MixtralConfig, from_llmc=Mixtral.from_llmc, ...))
-    R.register_preset("mixtral-8x7b", "mixtral", n_layer=32, ...)
+    R.register_family(R.Family("mixtral", Mixtral, MixtralConfig, custom={...}, make_config=...))
+    R.register_preset("mixtral-8x7b", "mixtral", "Mixtral 8x7B", n_layer=32, ...)
 
-A preset alone gives its documented shape. The shape flags (--n_layer, --n_head, --n_kv_head, --n_embd) build
-a custom-size model of a family instead: the fields not given take the family's small defaults and the block
-size is the sequence length. They go with a family's own name (`gpt2`, `llama3`), not a sized preset.
+A preset alone gives its documented shape. The shape flags (--n_layer, --n_head, --n_kv_head, --n_embd, and
+the models' --intermediate_size, --num_experts, --num_experts_per_tok) build a custom-size model of a family
+instead: the fields not given take the family's small defaults and the block size is the sequence length.
+They go with a family's own name (`gpt2`, `llama3`, `mixtral`, `qwen3`), not a sized preset.
 """
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config, Mixtral, MixtralConfig, Qwen3, Qwen3Config
+from infinitrain.models import registry as models_registry
 
-SHAPE_FLAGS = ("n_layer", "n_head", "n_kv_head", "n_embd")
+SHAPE_FLAGS = ("n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "num_experts", "num_experts_per_tok")
 
 
 @dataclass
@@ -34,10 +37,18 @@ class Family:
     vocab_of_kind: dict = field(default_factory=lambda: {"gpt2": 50257, "llama3": 128256})
     # How the config's vocabulary is set from a vocabulary size (GPT-2 pads its embedding for speed).
     vocab_fields: object = None
-    # The transformer blocks activation recompute wraps.
+    # The transformer blocks activation recompute wraps, and whether it may (not with mixture-of-experts
+    # layers: their balancing loss is a side output of the forward, which recompute would run without a graph).
     blocks: object = None
+    recompute_ok: object = lambda config: True  # noqa: E731
+    # fields -> config for a fresh model (default: the config class itself).
+    make_config: object = None
 
     def config(self, fields):
+        return self.make_config(fields) if self.make_config else self.config_cls(**fields)
+
+    def restore(self, fields):
+        """The config from config_dict's fields (a checkpoint's)."""
         return self.config_cls(**fields)
 
     def build(self, config, device):
@@ -45,6 +56,10 @@ class Family:
 
     def from_llmc(self, path, device):
         return self.model_cls.from_llmc(path, device)
+
+    def from_pretrained(self, path, device):
+        """An llm.c model file or a Hugging Face checkpoint folder (the models' loader)."""
+        return models_registry.load_pretrained(self.name, path, device)
 
 
 def _gpt2_vocab(v):
@@ -91,6 +106,48 @@ register_family(
     )
 )
 
+
+def _decoder_config(name):
+    """A fresh Mixtral or Qwen3 config from the size fields (the models' config_from_sizes)."""
+
+    def make(f):
+        return models_registry.config_from_sizes(
+            name, f["vocab_size"], f["block_size"], f["n_layer"], f["n_head"], f["n_embd"], f.get("n_kv_head"),
+            f.get("intermediate_size", 0), f.get("num_experts", 8), f.get("num_experts_per_tok", 2),
+        )  # fmt: skip
+
+    return make
+
+
+def _llama3_config(f):
+    if f.get("intermediate_size"):  # the models' mapping of an MLP width onto LLaMA 3's two fields
+        return models_registry.config_from_sizes(
+            "llama3", f["vocab_size"], f["block_size"], f["n_layer"], f["n_head"], f["n_embd"], f.get("n_kv_head"),
+            f["intermediate_size"],
+        )  # fmt: skip
+    return LLaMA3Config(**f)
+
+
+FAMILIES["llama3"].make_config = _llama3_config
+FAMILIES["llama3"].shape_flags = ("n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size")
+_DECODER_CUSTOM = {"n_layer": 4, "n_head": 4, "n_kv_head": 2, "n_embd": 128}
+for _name, _cls, _cfg, _moe in (("mixtral", Mixtral, MixtralConfig, True), ("qwen3", Qwen3, Qwen3Config, False)):
+    register_family(
+        Family(
+            _name,
+            _cls,
+            _cfg,
+            custom=dict(_DECODER_CUSTOM, **({"num_experts": 8, "num_experts_per_tok": 2} if _moe else {})),
+            shape_flags=SHAPE_FLAGS if _moe else SHAPE_FLAGS[:5],
+            vocab_of_kind={"llama3": 128256},
+            vocab_fields=lambda v: {"vocab_size": v},
+            blocks=lambda m: list(m.layers),
+            recompute_ok=lambda config: not getattr(config, "num_experts", 0),
+            make_config=_decoder_config(_name),
+        )
+    )
+    register_preset(_name, _name, f"a small {_name} (4 layers, 4 heads, 2 kv heads, 128 wide; sizes by flags)")
+
 # GPT-2 sizes as llm.c and InfiniTrain name them (dN: N layers); vocabulary 50257, 1024 positions.
 _GPT2 = {"block_size": 1024, "vocab_size": 50257}
 for _names, (_l, _h, _c), _what in (
@@ -136,10 +193,17 @@ class ModelSpec:
     fields: dict
     llmc_filepath: str = ""
     vocab_from: str = ""  # where the vocabulary size came from, for messages
+    init_from: str = ""  # an llm.c model file or a Hugging Face folder (the models' loader)
+    config_json: str = ""  # a Hugging Face config.json giving a fresh model's sizes
 
     def build(self, device):
         if self.llmc_filepath:
             return self.family.from_llmc(self.llmc_filepath, device)
+        if self.init_from:
+            return self.family.from_pretrained(self.init_from, device)
+        if self.config_json:
+            config = models_registry.config_from_json(self.family.name, self.config_json)
+            return self.family.build(config, device)
         return self.family.build(self.family.config(self.fields), device)
 
 
@@ -167,25 +231,39 @@ def family_of(name):
     raise ModelChoiceError(f"--model={name}: unknown model; choose one of {', '.join(names())}")
 
 
-def resolve(name, *, shape, sequence_length, vocab_size=None, vocab_from="", llmc_filepath="", token_kind=None):
+def resolve(
+    name, *, shape, sequence_length, vocab_size=None, vocab_from="", llmc_filepath="", token_kind=None, init_from="",
+    config_json="",
+):  # fmt: skip
     """The ModelSpec for --model=name.
 
     shape: the shape flags given explicitly (name -> value). vocab_size: from --vocab_size or the tokenizer
-    (None: the preset's, else the token file kind's). Raises ModelChoiceError (a one-line message) on conflicts.
+    (None: the preset's, else the token file kind's). llmc_filepath, init_from (an llm.c file or a Hugging Face
+    folder) and config_json (a Hugging Face config.json) fix the shape instead. Raises ModelChoiceError (a
+    one-line message) on conflicts.
     """
     family_name, preset, _ = PRESETS.get(name, (None, None, None))
     if family_name is None:
         family_of(name)  # raises
     family = FAMILIES[family_name]
     given = [k for k in SHAPE_FLAGS if shape.get(k) is not None]
-    if llmc_filepath:
+    sources = [(f, v) for f, v in (("llmc_filepath", llmc_filepath), ("init_from", init_from)) if v]
+    sources += [("config_json", config_json)] if config_json else []
+    if len(sources) > 1:
+        raise ModelChoiceError(f"--{sources[0][0]} and --{sources[1][0]} both give the model; pick one")
+    if sources:
+        flag = sources[0][0]
         if given:
             flags = ", ".join(f"--{k}" for k in given)
             raise ModelChoiceError(
-                f"{flags} conflict{'s' if len(given) == 1 else ''} with --llmc_filepath (the file fixes the model's "
+                f"{flags} conflict{'s' if len(given) == 1 else ''} with --{flag} (it fixes the model's "
                 f"shape); drop {flags}"
             )
-        return ModelSpec(family, {}, llmc_filepath, "the model file")
+        if name != family.name and preset:
+            raise ModelChoiceError(f"--model={name} fixes the model's shape; use --model={family.name} with --{flag}")
+        if config_json:
+            return ModelSpec(family, {}, "", "the config file", config_json=config_json)
+        return ModelSpec(family, {}, llmc_filepath, "the model file", init_from=init_from)
     unknown = [k for k in given if k not in family.shape_flags]
     if unknown:
         raise ModelChoiceError(f"--{unknown[0]} does not apply to {family.name} models")
@@ -226,7 +304,7 @@ def from_config(family_name, fields, device="cpu"):
     if family_name not in FAMILIES:
         raise ModelChoiceError(f"unknown model family {family_name!r}; known: {', '.join(sorted(FAMILIES))}")
     family = FAMILIES[family_name]
-    return family.build(family.config(fields), device)
+    return family.build(family.restore(fields), device)
 
 
 def family_of_model(model):

@@ -7,10 +7,10 @@ Each file is a document (a folder's *.txt files in sorted order); every document
 token, as llm.c's data scripts do. The last --val_fraction of the tokens is the validation split. Writes
 <name>_train.bin and <name>_val.bin, and for the byte tokenizer its llm.c tokenizer file (for samples).
 
-Tokenizers: `byte` (ids 0..255 are bytes, 256 ends a text) and llm.c tokenizer files. llm.c's files hold
-each token's bytes but not BPE merge ranks, so text is encoded by longest match over those bytes: a valid
-tokenization that decodes back to the text, though not always the one GPT-2's BPE would choose. Hugging
-Face tokenizer.json (exact BPE) comes with the models work.
+Tokenizers: `byte` (ids 0..255 are bytes, 256 ends a text), a Hugging Face tokenizer.json (its own BPE,
+exact), and llm.c tokenizer files. llm.c's files hold each token's bytes but not BPE merge ranks, so text is
+encoded by longest match over those bytes: a valid tokenization that decodes back to the text, though not
+always the one GPT-2's BPE would choose.
 """
 
 import argparse
@@ -60,14 +60,34 @@ class LongestMatchEncoder:
 
 
 def load_tokenizer(spec):
-    """(tokenizer, encoder, name) for `byte` or an llm.c tokenizer file."""
+    """(tokenizer, encoder, name) for `byte`, a Hugging Face tokenizer.json or an llm.c tokenizer file."""
     if spec == "byte":
         t = ByteTokenizer()
         return t, t, "byte"
+    if str(spec).endswith(".json"):
+        from infinitrain.data import HFTokenizer
+
+        t = HFTokenizer.load(spec)
+        if t.eot is None:
+            raise ValueError(f"{spec}: the tokenizer has no end-of-text token")
+        return t, _TextEncoder(t), spec
     t = Tokenizer.load(spec)
     if t.eot is None:
         raise ValueError(f"{spec}: the tokenizer has no end-of-text token (version 1 file of a non-GPT-2 vocabulary)")
     return t, LongestMatchEncoder(t), spec
+
+
+class _TextEncoder:
+    """encode_bytes for a tokenizer that encodes text (a Hugging Face tokenizer)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode(self, text):
+        return np.asarray(self.tokenizer.encode(text), dtype=np.int64)
+
+    def encode_bytes(self, data):
+        return self.encode(data.decode("utf-8", errors="replace"))
 
 
 def input_files(path, pattern):
@@ -123,7 +143,7 @@ def main(argv=None):
     p = _Parser(prog="prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="a text file, or a folder of them")
     p.add_argument("--output_dir", required=True, help="where the token files go")
-    p.add_argument("--tokenizer", default="byte", help="byte, or an llm.c tokenizer file")
+    p.add_argument("--tokenizer", default="byte", help="byte, a Hugging Face tokenizer.json or an llm.c tokenizer file")
     p.add_argument("--name", default=None, help="file name prefix (default: the input's name)")
     p.add_argument("--val_fraction", type=float, default=0.05, help="share of tokens for validation")
     p.add_argument("--pattern", default="*.txt", help="which files of a folder are read")

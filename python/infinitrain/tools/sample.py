@@ -4,8 +4,9 @@
     ./bazelw run //python:sample -- --llmc_filepath=gpt2_124M.bin --tokenizer_bin=gpt2_tokenizer.bin
 
 The tokenizer is --tokenizer_bin, else the one the checkpoint was trained with (the byte tokenizer of the
-default corpus, or its --tokenizer_bin). Without one, prompts are --prompt_tokens and the output is token ids.
-Text prompts with an llm.c tokenizer are encoded by longest match (see infinitrain.tools.prepare).
+default corpus, or its --tokenizer_bin): an llm.c tokenizer file or a Hugging Face tokenizer.json. Without
+one, prompts are --prompt_tokens and the output is token ids. Text prompts with an llm.c tokenizer are
+encoded by longest match (see infinitrain.tools.prepare).
 """
 
 import argparse
@@ -51,7 +52,8 @@ def main(argv=None):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a train checkpoint, or a --save directory (its newest)")
     src.add_argument("--llmc_filepath", help="an llm.c model file (GPT-2 or LLaMA 3)")
-    p.add_argument("--tokenizer_bin", default="", help="llm.c tokenizer file, or 'byte'")
+    src.add_argument("--init_from", help="a Hugging Face checkpoint folder")
+    p.add_argument("--tokenizer_bin", default="", help="llm.c tokenizer file, tokenizer.json, or 'byte'")
     p.add_argument("--prompt", default="", help="text to continue (default: start after end-of-text)")
     p.add_argument("--prompt_tokens", default="", help="comma-separated token ids instead of --prompt")
     p.add_argument("--length", type=int, default=128, help="tokens to generate")
@@ -70,6 +72,10 @@ def main(argv=None):
         if args.checkpoint:
             model, meta = model_from_checkpoint(args.checkpoint, args.device)
             tok_spec = tok_spec or meta.get("tokenizer") or ""
+        elif args.init_from:
+            from infinitrain.models import hf
+
+            model = hf.from_pretrained(args.init_from, args.device)
         else:
             model = model_from_llmc(args.llmc_filepath, args.device)
         tok = enc = None
