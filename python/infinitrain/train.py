@@ -655,8 +655,9 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
         vocab = tokenizer.vocab_size
         vocab_from = f"--tokenizer_bin={values['tokenizer_bin']}" if values["tokenizer_bin"] else "the byte tokenizer"
     present = opts["present"]
-    if values["llmc_filepath"] and "vocab_size" in present:
-        raise UsageError("--vocab_size conflicts with --llmc_filepath (the file fixes the vocabulary); drop it")
+    for flag in ("llmc_filepath", "init_from", "config_json"):
+        if values[flag] and "vocab_size" in present:
+            raise UsageError(f"--vocab_size conflicts with --{flag} (it fixes the vocabulary); drop it")
     # Shape flags given: ours default to None, the models' (--intermediate_size, ...) count when set.
     shape = {k: values[k] for k in model_registry.SHAPE_FLAGS if values[k] is not None}
     shape = {k: v for k, v in shape.items() if k in ("n_layer", "n_head", "n_kv_head", "n_embd") or k in present}
