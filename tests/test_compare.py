@@ -53,21 +53,29 @@ def corpus(tmp_path):
     return str(path)
 
 
-def test_identical_runs_pass_and_a_perturbed_learning_rate_fails(corpus, tmp_path):
+def compare_main(capsys, *args):
+    """compare in this process; returns (status, stdout)."""
+    status = C.main(list(args))
+    return status, capsys.readouterr().out
+
+
+def test_identical_runs_pass_and_a_perturbed_learning_rate_fails(corpus, tmp_path, capsys):
     args = [f"--input_bin={corpus}", f"--input_val_bin={corpus}", "--num_iteration=5", "--val_loss_every=5", *TINY]
     for name, lr in (("a", "1e-3"), ("b", "1e-3"), ("c", "1.001e-3")):
         train(*args, f"--learning_rate={lr}", f"--save={tmp_path / name}")
     # Tiny runs' throughput is noise on a shared machine: the threshold has its own test below.
-    same = compare_cli(str(tmp_path / "a"), str(tmp_path / "b"), f"--out={tmp_path / 'ab'}", "--throughput_tol=1e9")
-    assert same.returncode == 0, same.stdout + same.stderr
-    assert "loss: PASS: 5 steps, max |diff| 0 " in same.stdout and "val loss: PASS" in same.stdout
+    status, out = compare_main(capsys, str(tmp_path / "a"), str(tmp_path / "b"), f"--out={tmp_path / 'ab'}",
+                               "--throughput_tol=1e9")  # fmt: skip
+    assert status == 0, out
+    assert "loss: PASS: 5 steps, max |diff| 0 " in out and "val loss: PASS" in out
     assert (tmp_path / "ab" / "compare.md").read_text().startswith(f"# a ({it.runtime.parse_device(DEVICE)}) vs b (")
-    diff = compare_cli(str(tmp_path / "a"), str(tmp_path / "c"), f"--out={tmp_path / 'ac'}", "--throughput_tol=1e9")
-    assert diff.returncode == 1, diff.stdout + diff.stderr
+    status, out = compare_main(capsys, str(tmp_path / "a"), str(tmp_path / "c"), f"--out={tmp_path / 'ac'}",
+                               "--throughput_tol=1e9")  # fmt: skip
+    assert status == 1, out
     a, c = read_metrics(tmp_path / "a")[1], read_metrics(tmp_path / "c")[1]
     first = next(s for s in sorted(a) if abs(a[s]["train_loss"] - c[s]["train_loss"]) > 1e-5)
     d = abs(a[first]["train_loss"] - c[first]["train_loss"])
-    assert f"loss: FAIL at step {first}: |diff| {d:.3g} > 1e-05" in diff.stdout, diff.stdout
+    assert f"loss: FAIL at step {first}: |diff| {d:.3g} > 1e-05" in out, out
     md = (tmp_path / "ac" / "compare.md").read_text()
     assert md.startswith("# a (") and ": FAIL" in md.splitlines()[0] and f"| {first} |" in md
     # The plots: files of the expected size, whose data are the metrics.

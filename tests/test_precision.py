@@ -16,6 +16,7 @@ from harness import DEVICE, rng
 from infinitrain import dispatch
 from infinitrain import functional as F
 from infinitrain.data import write_tokens
+from infinitrain.tools import compare
 from infinitrain.tools import model_registry as R
 from infinitrain.tools import precision as P
 
@@ -102,7 +103,7 @@ train.run()
 """
 
 
-def test_train_cli_records_and_compare_names_the_op(tmp_path):
+def test_train_cli_records_and_compare_names_the_op(tmp_path, capsys):
     corpus = tmp_path / "train.bin"
     write_tokens(corpus, np.tile(rng().integers(0, 40, size=9), 100), kind="gpt2")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -113,9 +114,8 @@ def test_train_cli_records_and_compare_names_the_op(tmp_path):
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert p.returncode == 0, p.stdout + p.stderr
         assert f"precision check: steps [1, 2] into {tmp_path / name / 'precision.jsonl'}" in p.stdout
-    cmd = [sys.executable, "-m", "infinitrain.tools.compare", str(tmp_path / "a"), str(tmp_path / "b"), "--precision"]
-    cmd += [f"--out={tmp_path / 'cmp'}", "--throughput_tol=1e9", "--loss_tol=1"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 1, p.stdout + p.stderr
-    assert "precision: first divergence: step 1 forward: op gelu_tanh in h.0.mlp: " in p.stdout, p.stdout
+    args = [str(tmp_path / "a"), str(tmp_path / "b"), "--precision", f"--out={tmp_path / 'cmp'}"]
+    assert compare.main([*args, "--throughput_tol=1e9", "--loss_tol=1"]) == 1
+    out = capsys.readouterr().out
+    assert "precision: first divergence: step 1 forward: op gelu_tanh in h.0.mlp: " in out, out
     assert "first divergence: step 1 forward: op gelu_tanh in h.0.mlp" in (tmp_path / "cmp" / "compare.md").read_text()

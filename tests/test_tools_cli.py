@@ -32,6 +32,14 @@ def tool(name, *args, check=True):
     return p
 
 
+def run_main(capsys, main, *args):
+    """A tool's main() in this process; its stdout (it must succeed)."""
+    status = main(list(args))
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    return out.out
+
+
 def random_text(n):
     words = ["".join(chr(c) for c in rng().integers(97, 123, size=rng().integers(1, 8))) for _ in range(n)]
     return " ".join(words) + " é✓\n"
@@ -90,36 +98,36 @@ def trained(tmp_path_factory):
     return d
 
 
-def test_sample_from_a_checkpoint(trained):
+def test_sample_from_a_checkpoint(trained, capsys):
     args = [f"--checkpoint={trained / 'run'}", "--prompt=ab c", "--length=12", "--top_k=5", "--seed=3"]
-    out = tool("tools.sample", *args).stdout
-    assert out == tool("tools.sample", *args).stdout  # seeded
+    out = tool("tools.sample", *args).stdout  # the CLI once; then in this process
+    assert out == run_main(capsys, sample.main, *args)  # seeded
     model, _ = model_from_checkpoint(str(trained / "run"))
     ids = model.generate(np.array([list(b"ab c")]), 12, temperature=1.0, top_k=5, seed=3)
     assert out == ByteTokenizer().decode(ids[0].tolist()) + "\n"
-    greedy = tool("tools.sample", f"--checkpoint={trained / 'run'}", "--prompt_tokens=97,98", "--temperature=0",
-                  "--length=5", "--tokenizer_bin=").stdout  # fmt: skip
+    args = [f"--checkpoint={trained / 'run'}", "--prompt_tokens=97,98", "--temperature=0", "--length=5"]
+    greedy = run_main(capsys, sample.main, *args, "--tokenizer_bin=")
     ref = model.generate(np.array([[97, 98]]), 5, temperature=0.0)
     assert greedy.strip() == ByteTokenizer().decode(ref[0].tolist())  # the checkpoint names its tokenizer
 
 
-def test_export_to_llmc_and_sample_from_it(trained, tmp_path):
+def test_export_to_llmc_and_sample_from_it(trained, tmp_path, capsys):
     out = tmp_path / "model.bin"
-    tool("tools.export", f"--checkpoint={trained / 'run'}", f"--output={out}")
+    run_main(capsys, export.main, f"--checkpoint={trained / 'run'}", f"--output={out}")
     tensors, _ = read_checkpoint(sorted((trained / "run").glob("ckpt_*.bin"))[-1])
     exported = GPT2.from_llmc(str(out))
     for name, p in exported.state_dict().items():
         np.testing.assert_array_equal(p.numpy(), tensors[f"model.{name}"], err_msg=name)
     args = ["--prompt_tokens=10,20", "--length=6", "--seed=1", "--top_k=3"]
-    a = tool("tools.sample", f"--llmc_filepath={out}", *args).stdout  # no tokenizer: token ids
+    a = run_main(capsys, sample.main, f"--llmc_filepath={out}", *args)  # no tokenizer: token ids
     assert a.split() == [str(t) for t in exported.generate(np.array([[10, 20]]), 6, top_k=3, seed=1)[0]]
     # A Hugging Face folder (the models' save_pretrained) holds the same weights; sample reads it too.
     hf_dir = tmp_path / "hf"
-    tool("tools.export", f"--checkpoint={trained / 'run'}", f"--output={hf_dir}", "--format=safetensors")
+    run_main(capsys, export.main, f"--checkpoint={trained / 'run'}", f"--output={hf_dir}", "--format=safetensors")
     from_hf = hf.from_pretrained(str(hf_dir))
     for name, p in from_hf.state_dict().items():  # GPT-2's padded embedding rows stay behind
         np.testing.assert_array_equal(p.numpy(), tensors[f"model.{name}"][: p.shape[0]], err_msg=name)
-    assert tool("tools.sample", f"--init_from={hf_dir}", *args).stdout == a
+    assert run_main(capsys, sample.main, f"--init_from={hf_dir}", *args) == a
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

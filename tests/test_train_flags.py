@@ -2,6 +2,7 @@
 model presets, learning-rate schedules, --load extending a finished run, --overfit_single_batch, metrics and
 TensorBoard files, and activation recompute (same loss and gradients, less memory)."""
 
+import gc
 import json
 import math
 import os
@@ -69,6 +70,30 @@ def run_train(*flags, check=True, cwd=None):
     return p
 
 
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def run_in_process(capsys, *flags):
+    """The train CLI in this process, for runs that stop before training (no interpreter start-up)."""
+    from infinitrain import train
+
+    train.FLAGS.unparse_flags()
+    argv = ["train", f"--device={DEVICE}", *flags]
+    saved, sys.argv = sys.argv, argv
+    try:
+        train.run()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = saved
+        train.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return Result(code, out.out, out.err)
+
+
 def one_line_error(p, *needles):
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
@@ -113,12 +138,12 @@ def test_infinitrain_flags_file_runs(text, family, opt, corpus, tmp_path):
     assert [steps[s]["lr"] for s in (1, 2, 3)] == pytest.approx([0.0, lr / 10, 2 * lr / 10], rel=1e-12)
 
 
-def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path):
+def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path, capsys):
     base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY]
-    one_line_error(run_train(*base, "--no_such_flag=3", check=False), "no_such_flag")
+    one_line_error(run_train(*base, "--no_such_flag=3", check=False), "no_such_flag")  # a real process once
     flagfile = tmp_path / "bad.flags"
     flagfile.write_text("--model=gpt2\n--learning_rate_typo=0.1\n")
-    one_line_error(run_train(*base, f"--flagfile={flagfile}", check=False), "learning_rate_typo")
+    one_line_error(run_in_process(capsys, *base, f"--flagfile={flagfile}"), "learning_rate_typo")
     for flag, needle in (
         ("--tensor_parallel=2", "tensor parallelism is not implemented yet"),
         ("--zero_stage=1", "ZeRO"),
@@ -130,10 +155,10 @@ def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path):
         ("--recompute_num_layers=2", "--recompute_num_layers=2"),
         ("--lr_decay_style=warmdown", "lr_decay_style"),
     ):
-        one_line_error(run_train(*base, *flag.split(), check=False), flag.split()[0].split("=")[0], needle)
+        one_line_error(run_in_process(capsys, *base, *flag.split()), flag.split()[0].split("=")[0], needle)
 
 
-def test_model_shape_conflicts_and_vocabulary(corpus, tmp_path):
+def test_model_shape_conflicts_and_vocabulary(corpus, tmp_path, capsys):
     """--n_layer with --llmc_filepath is a conflict; a sized preset does not take shape flags; the vocabulary
     comes from --vocab_size, the tokenizer or the token file's kind, never from the largest token id."""
     model_file = tmp_path / "m.bin"
@@ -142,9 +167,10 @@ def test_model_shape_conflicts_and_vocabulary(corpus, tmp_path):
         "cpu"
     ).save_llmc(str(model_file))
     base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY_RUN]
-    one_line_error(run_train(*base, f"--llmc_filepath={model_file}", "--n_layer=2", check=False), "--n_layer conflicts")
-    one_line_error(run_train(*base, "--model=gpt2-medium", "--n_layer=2", check=False), "gpt2-medium fixes")
-    one_line_error(run_train(*base, "--model=gpt5", check=False), "gpt5", "gpt2-xl")
+    one_line_error(run_in_process(capsys, *base, f"--llmc_filepath={model_file}", "--n_layer=2"), "--n_layer conflicts")
+    one_line_error(run_in_process(capsys, *base, "--model=gpt2-medium", "--n_layer=2"), "gpt2-medium fixes")
+    one_line_error(run_in_process(capsys, *base, "--model=gpt5"), "gpt5", "gpt2-xl")
+    one_line_error(run_in_process(capsys, *base, "--model=gpt2", "--intermediate_size=64"), "does not apply to gpt2")
     metrics = tmp_path / "m.jsonl"
     run_train(*base, f"--llmc_filepath={model_file}", f"--metrics_file={metrics}")
     assert read_metrics(metrics)[0]["model_config"]["vocab_size"] == 64  # the file's
@@ -297,14 +323,21 @@ def test_activation_recompute_keeps_loss_and_gradients_and_lowers_peak_memory(fa
         if with_recompute:
             recompute.enable(model, spec.family.blocks(model))
         x, y = (it.from_numpy(t, device=DEVICE) for t in (tokens[:, :-1], tokens[:, 1:]))
-        it.runtime.synchronize(DEVICE)
-        base = it.runtime.memory_allocated(DEVICE)
-        it.runtime.reset_peak_memory_stats(DEVICE)
-        with it.amp.autocast(DEVICE, dtype="bfloat16", enabled=autocast):
-            _, loss = model(x, y)
-        loss.backward()
-        it.runtime.synchronize(DEVICE)
-        peak = it.runtime.max_memory_allocated(DEVICE) - base
+        # Tensors of earlier tests in reference cycles would be freed whenever the collector runs, lowering the
+        # allocation below the base: collect them first and keep the collector out of the measurement.
+        gc.collect()
+        gc.disable()
+        try:
+            it.runtime.synchronize(DEVICE)
+            base = it.runtime.memory_allocated(DEVICE)
+            it.runtime.reset_peak_memory_stats(DEVICE)
+            with it.amp.autocast(DEVICE, dtype="bfloat16", enabled=autocast):
+                _, loss = model(x, y)
+            loss.backward()
+            it.runtime.synchronize(DEVICE)
+            peak = it.runtime.max_memory_allocated(DEVICE) - base
+        finally:
+            gc.enable()
         return loss.item(), {k: p.grad.numpy() for k, p in model.named_parameters()}, peak
 
     loss, grads, peak = step(False)
