@@ -1,12 +1,20 @@
-"""The profiler: every kernel the dispatcher runs inside the context is recorded once, with its device,
-and the Chrome trace holds them."""
+"""The profiler: every kernel the dispatcher runs inside the context is recorded once, with its device; the
+Chrome trace holds them on a host and a device track; the op counts of a training step's trace equal the ops
+the step dispatched; and the train CLI's --profile_steps writes the table and the trace."""
 
+import collections
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 
 import infinitrain as it
-from harness import DEVICE
+from harness import DEVICE, rng
+from infinitrain import dispatch
+from infinitrain.data import write_tokens
+from infinitrain.tools import model_registry as R
 
 
 def test_profile_records_every_dispatched_op(tmp_path):
@@ -24,8 +32,102 @@ def test_profile_records_every_dispatched_op(tmp_path):
     assert summary["matmul"]["calls"] == 1 and set(summary) == {"matmul", "add", "exp", "sum"}
     assert "| matmul | 1 |" in prof.table()
     trace = json.loads(open(prof.export_chrome_trace(str(tmp_path / "t.json"))).read())
-    names = [e["name"] for e in trace["traceEvents"] if e["pid"] == "host"]
+    names = [e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "op"]
     assert names == ops
     with it.profiler.profile() as again:
         pass
     assert again.records == []  # nothing recorded outside a context, nothing carried over
+    with it.profiler.profile() as paused:
+        b = a @ a
+        with paused.pause():
+            c = b + a
+        d = c.exp()
+    d.numpy()
+    assert [r.op for r in paused.records] == ["matmul", "exp"]
+    assert [r.session for r in paused.records] == [0, 1]
+    assert paused.records[1].host_start_us > paused.records[0].host_start_us  # one clock across the pause
+
+
+def check_chrome_trace(trace):
+    """Chrome's trace-event format: complete events (X) with numeric times on integer pid/tid tracks, and
+    metadata events (M) naming every track used."""
+    assert set(trace) == {"traceEvents", "displayTimeUnit"}
+    named = set()
+    for e in trace["traceEvents"]:
+        assert e["ph"] in ("X", "M") and isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name") and isinstance(e["args"]["name"], str)
+            named.add((e["name"], e["pid"], e["tid"] if e["name"] == "thread_name" else None))
+        else:
+            assert isinstance(e["name"], str) and e["ts"] >= 0 and e["dur"] >= 0, e
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X":
+            assert ("process_name", e["pid"], None) in named and ("thread_name", e["pid"], e["tid"]) in named, e
+
+
+def test_trace_of_a_training_step_holds_the_ops_it_dispatched(tmp_path):
+    it.manual_seed(0)
+    model = R.resolve("gpt2", shape={"n_layer": 2}, sequence_length=16, vocab_size=64).build(DEVICE)
+    opt = it.optim.AdamW(list(model.parameters()), lr=1e-3)
+    tokens = rng().integers(0, 64, size=(4, 17))
+    dispatched = collections.Counter()
+    real = dispatch.op
+
+    class Counted:  # counts every op call through the dispatcher, composites' inner ops included
+        def __init__(self, name):
+            self.op, self.name = real(name), name
+
+        def __call__(self, inputs, attrs):
+            dispatched[self.name] += 1
+            return self.op(inputs, attrs)
+
+    dispatch.op = Counted
+    try:
+        with it.profiler.profile() as prof:
+            with prof.mark("step 1"):
+                x, y = (it.from_numpy(t, device=DEVICE) for t in (tokens[:, :-1], tokens[:, 1:]))
+                _, loss = model(x, y)
+                loss.backward()
+                it.optim.clip_grad_norm_(list(model.parameters()), 1.0)
+                opt.step()
+                loss.item()
+    finally:
+        dispatch.op = real
+    trace = json.loads(open(prof.export_chrome_trace(str(tmp_path / "step.json"))).read())
+    check_chrome_trace(trace)
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    host = collections.Counter(e["name"] for e in events if e["cat"] == "op")
+    device = collections.Counter(e["name"] for e in events if e["cat"] == "kernel")
+    assert host == device == dispatched, (host - dispatched, dispatched - host)
+    (mark,) = [e for e in events if e["cat"] == "mark"]
+    assert mark["name"] == "step 1" and mark["pid"] == 0
+    first_op = min(e["ts"] for e in events if e["cat"] == "op")
+    last_end = max(e["ts"] + e["dur"] for e in events if e["cat"] == "op")
+    assert mark["ts"] <= first_op and last_end <= mark["ts"] + mark["dur"] + 1.0  # the same clock
+    assert {e["pid"] for e in events if e["cat"] == "kernel"} == {1}
+    table = prof.table(top=5).splitlines()
+    assert len(table) == 2 + 5 + 1 and table[-1].startswith(f"| all {len(dispatched)} ops | {sum(host.values())} |")
+
+
+def test_train_profile_steps_writes_table_and_trace(tmp_path):
+    corpus = tmp_path / "train.bin"
+    write_tokens(corpus, np.tile(rng().integers(0, 40, size=9), 100), kind="gpt2")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("BUILD_WORKING_DIRECTORY", None)
+    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", f"--input_bin={corpus}"]
+    cmd += ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", "--sequence_length=16", "--batch_size=4"]
+    cmd += ["--num_iteration=3", "--freq_generate_txt=0", "--profile_steps=2:3", "--profile_name=tiny"]
+    cmd += [f"--save={tmp_path / 'run'}", f"--input_val_bin={corpus}", "--val_loss_every=1", "--val_batches=1"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "profile of steps 2:3:" in p.stdout and "| matmul |" in p.stdout
+    md = (tmp_path / "run" / "tiny.profile.md").read_text()
+    assert md.startswith("Profile of steps 2:3") and "| op | calls | device ms |" in md
+    trace = json.loads((tmp_path / "run" / "tiny.trace.json").read_text())
+    check_chrome_trace(trace)
+    marks = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "mark"]
+    assert marks.count("step 2") == marks.count("step 3") == 1 and "forward" in marks and "step 1" not in marks
+    # Both steps ran the same ops, and the evaluation between them was left out (paused): the trace holds each
+    # op an even number of times.
+    counts = collections.Counter(e["name"] for e in trace["traceEvents"] if e.get("cat") == "op")
+    assert counts and all(n % 2 == 0 for n in counts.values()), counts

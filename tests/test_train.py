@@ -52,7 +52,9 @@ def corpus(tmp_path):
     return str(path)
 
 
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--sequence_length=16", "--batch_size=4", "--sample_every=0"]
+# The corpus is a GPT-2 token file (vocabulary 50257 by llm.c's convention); --vocab_size keeps the model small.
+TINY_RUN = ["--sequence_length=16", "--batch_size=4", "--sample_every=0"]
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", *TINY_RUN]
 
 
 @pytest.mark.parametrize("model", ["gpt2", "llama3"])

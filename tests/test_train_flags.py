@@ -1,7 +1,9 @@
-"""Every train CLI flag tested by its effect. Runs start from llm.c model files written by tests/numpy_models.py,
-so the initial weights are known; checkpoints give the weights and AdamW state after a step; the printed numbers
-are compared with float64 NumPy references or with AdamW's formula."""
+"""The train CLI's InfiniTrain-compatible flags: flag files, refusal of unknown and unimplemented flags by name,
+model presets, learning-rate schedules, --load extending a finished run, --overfit_single_batch, metrics and
+TensorBoard files, and activation recompute (same loss and gradients, less memory)."""
 
+import gc
+import json
 import math
 import os
 import re
@@ -11,295 +13,386 @@ import sys
 import numpy as np
 import pytest
 
-import numpy_models as ref
+import infinitrain as it
 from harness import DEVICE, rng
-from infinitrain.data import DataLoader
-from infinitrain.runs import read_checkpoint
+from infinitrain.data import DataLoader, read_tokens, write_tokens
+from infinitrain.runs import read_metrics
+from infinitrain.tools import model_registry as R
+from infinitrain.tools import recompute
+from infinitrain.tools.schedule import Schedule
+from infinitrain.tools.tensorboard import crc32c, read_scalars
 
-V, C, NH, L, MAXT = 61, 32, 4, 2, 16
-T, B = 8, 4
-BETA1 = 0.9  # the CLI's AdamW betas are (0.9, 0.95)
-STEP = re.compile(r"^step (\d+)/(\d+) \| train loss (\S+) \| lr (\S+) \| norm (\S+) \|")
+TINY_RUN = ["--sequence_length=16", "--batch_size=4", "--freq_generate_txt=0"]
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", *TINY_RUN]
+
+# InfiniTrain's example/gpt2/train.flags and example/llama3/train.flags, as they are.
+GPT2_FLAGS = """# GPT-2 training defaults. CLI options after --flagfile override these values.
+--model=gpt2
+--optimizer=sgd
+--learning_rate=0.0001
+--batch_size=4
+--sequence_length=64
+--total_batch_size=256
+--num_iteration=10
+--dtype=float32
+--zero_stage=0
+--lr_decay_style=constant
+--lora_target_modules=c_attn,c_proj
+--load_optimizer_state=false
+--save_optimizer_state=false
+--profile_name=gpt2
+"""
+LLAMA3_FLAGS = """# LLaMA3 training defaults. CLI options after --flagfile override these values.
+--model=llama3
+--optimizer=adam
+--learning_rate=0.00001
+--batch_size=4
+--sequence_length=64
+--total_batch_size=256
+--num_iteration=10
+--dtype=float32
+--zero_stage=0
+--lr_decay_style=constant
+--lora_target_modules=c_attn,c_proj,c_fc,c_fc2
+--load_optimizer_state=true
+--save_optimizer_state=true
+--profile_name=llama3
+"""
 
 
-def run_train(*flags, check=True):
+def run_train(*flags, check=True, cwd=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     env.pop("BUILD_WORKING_DIRECTORY", None)
-    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", "--sample_every=0", *flags]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", *flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
     if check:
         assert p.returncode == 0, p.stdout + p.stderr
     return p
 
 
-def steps(stdout):
-    """step -> (loss, lr, norm) as printed."""
-    out = {}
-    for m in map(STEP.match, stdout.splitlines()):
-        if m:
-            out[int(m.group(1))] = tuple(float(m.group(k)) for k in (3, 4, 5))
-    return out
+class Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def gpt2_forward(params):
-    return lambda x: ref.gpt2_forward(params, x, NH, V)
+def run_in_process(capsys, *flags):
+    """The train CLI in this process, for runs that stop before training (no interpreter start-up)."""
+    from infinitrain import train
+
+    train.FLAGS.unparse_flags()
+    argv = ["train", f"--device={DEVICE}", *flags]
+    saved, sys.argv = sys.argv, argv
+    try:
+        train.run()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = saved
+        train.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return Result(code, out.out, out.err)
+
+
+def one_line_error(p, *needles):
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, p.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+def steps_of(metrics):
+    return read_metrics(metrics)[1]
 
 
 @pytest.fixture
-def model_file(tmp_path):
-    """A GPT-2 llm.c file with known float32 weights: (path, params)."""
-    params = ref.to_f32(
-        ref.gpt2_random_params(rng(), vocab_size=V, padded_vocab_size=64, block_size=MAXT, n_layer=L, n_embd=C)
-    )
-    path = tmp_path / "model.bin"
-    path.write_bytes(ref.gpt2_llmc_bytes(params, block_size=MAXT, vocab_size=V, n_layer=L, n_head=NH, n_embd=C))
-    return str(path), params
-
-
-@pytest.fixture
-def tokens(tmp_path):
+def corpus(tmp_path):
     path = tmp_path / "train.bin"
-    path.write_bytes(ref.tokens_bytes(rng().integers(0, V, size=1201)))
+    write_tokens(path, np.tile(rng().integers(0, 40, size=9), 200), kind="gpt2")
     return str(path)
 
 
-def base(model_path, tokens_path, ckpt=None, **kw):
-    flags = {"llmc_filepath": model_path, "input_bin": tokens_path, "sequence_length": T, "batch_size": B}
-    flags.update(num_iteration=1, warmup_steps=0, learning_rate=0.01, weight_decay=0.0, grad_clip=0.0, seed=5)
-    if ckpt is not None:
-        flags["checkpoint_dir"] = ckpt
-    flags.update(kw)
-    return [f"--{k}={v}" for k, v in flags.items()]
+# ---- flag files and refusals ------------------------------------------------------------------------------------
 
 
-def ckpt_tensors(ckpt, step):
-    tensors, meta = read_checkpoint(os.path.join(ckpt, f"ckpt_{step:08d}.bin"))
-    assert meta["step"] == step
-    return tensors
+@pytest.mark.parametrize(
+    "text,family,opt", [(GPT2_FLAGS, "gpt2", "sgd"), (LLAMA3_FLAGS, "llama3", "adam")], ids=["gpt2", "llama3"]
+)
+def test_infinitrain_flags_file_runs(text, family, opt, corpus, tmp_path):
+    """The files run as they are; later command-line flags override them (as in InfiniTrain), here the size."""
+    flagfile = tmp_path / "train.flags"
+    flagfile.write_text(text)
+    metrics = tmp_path / "m.jsonl"
+    small = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--num_iteration=3", "--vocab_size=64"]
+    p = run_train(f"--flagfile={flagfile}", f"--input_bin={corpus}", *small, f"--metrics_file={metrics}")
+    config, steps = read_metrics(metrics)
+    flags = config["flags"]
+    assert config["family"] == family and flags["optimizer"] == opt and flags["lr_decay_style"] == "constant"
+    assert (flags["batch_size"], flags["sequence_length"], flags["total_batch_size"]) == (4, 64, 256)
+    assert flags["save_optimizer_state"] == (opt == "adam") and flags["profile_name"] == family
+    assert sorted(steps) == [1, 2, 3] and "step 3/3" in p.stdout
+    # Warmup (our default of 10 steps) from 0 towards the file's learning rate.
+    lr = float(re.search(r"--learning_rate=(\S+)", text).group(1))
+    assert [steps[s]["lr"] for s in (1, 2, 3)] == pytest.approx([0.0, lr / 10, 2 * lr / 10], rel=1e-12)
 
 
-def model_tensors(tensors):
-    return {k[len("model.") :]: v.astype(np.float64) for k, v in tensors.items() if k.startswith("model.")}
+def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path, capsys):
+    base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY]
+    one_line_error(run_train(*base, "--no_such_flag=3", check=False), "no_such_flag")  # a real process once
+    flagfile = tmp_path / "bad.flags"
+    flagfile.write_text("--model=gpt2\n--learning_rate_typo=0.1\n")
+    one_line_error(run_in_process(capsys, *base, f"--flagfile={flagfile}"), "learning_rate_typo")
+    for flag, needle in (
+        ("--tensor_parallel=2", "tensor parallelism is not implemented yet"),
+        ("--zero_stage=1", "ZeRO"),
+        ("--sequence_parallel", "sequence parallelism"),
+        ("--pipeline_parallel=2", "pipeline parallelism"),
+        ("--lora_save_path=x", "--lora_save_path needs --lora_rank"),
+        ("--activation_recompute --model=mixtral", "not implemented for mixture-of-experts"),
+        ("--recompute_granularity=selective", "selective"),
+        ("--recompute_num_layers=2", "--recompute_num_layers=2"),
+        ("--lr_decay_style=warmdown", "lr_decay_style"),
+    ):
+        one_line_error(run_in_process(capsys, *base, *flag.split()), flag.split()[0].split("=")[0], needle)
 
 
-def first_batch(tokens_path, batch=B, seed=5):
-    return next(DataLoader(tokens_path, batch, T, shuffle=True, seed=seed))
+def test_model_shape_conflicts_and_vocabulary(corpus, tmp_path, capsys):
+    """--n_layer with --llmc_filepath is a conflict; a sized preset does not take shape flags; the vocabulary
+    comes from --vocab_size, the tokenizer or the token file's kind, never from the largest token id."""
+    model_file = tmp_path / "m.bin"
+    it.manual_seed(0)
+    R.resolve("gpt2", shape={"n_layer": 1, "n_head": 2, "n_embd": 32}, sequence_length=16, vocab_size=64).build(
+        "cpu"
+    ).save_llmc(str(model_file))
+    base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY_RUN]
+    one_line_error(run_in_process(capsys, *base, f"--llmc_filepath={model_file}", "--n_layer=2"), "--n_layer conflicts")
+    one_line_error(run_in_process(capsys, *base, "--model=gpt2-medium", "--n_layer=2"), "gpt2-medium fixes")
+    one_line_error(run_in_process(capsys, *base, "--model=gpt5"), "gpt5", "gpt2-xl")
+    one_line_error(run_in_process(capsys, *base, "--model=gpt2", "--intermediate_size=64"), "does not apply to gpt2")
+    metrics = tmp_path / "m.jsonl"
+    run_train(*base, f"--llmc_filepath={model_file}", f"--metrics_file={metrics}")
+    assert read_metrics(metrics)[0]["model_config"]["vocab_size"] == 64  # the file's
+    metrics = tmp_path / "k.jsonl"
+    run_train(*base, "--n_layer=1", "--n_head=2", "--n_embd=16", f"--metrics_file={metrics}")
+    assert read_metrics(metrics)[0]["model_config"]["vocab_size"] == 50257  # a GPT-2 token file: GPT-2's
 
 
-def assert_printed(printed, want, decimals, what):
-    # Printed with `decimals` digits: off by at most half a unit there, plus float32's own error.
-    assert abs(printed - want) <= 0.5 * 10**-decimals + 2e-6 * abs(want) + 1e-6, (what, printed, want)
+# ---- presets --------------------------------------------------------------------------------------------------
+
+# Published parameter counts (GPT-2: untied counting of the tied embedding once, 50257 tokens; LLaMA 3.1 8B and
+# 70B; LLaMA 3.2 1B and 3B tie their head, which llm.c's layout (and ours) keeps separate: + vocab * width).
+PUBLISHED = {
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    "llama3-1b": 1_235_814_400 + 128256 * 2048,
+    "llama3-3b": 3_212_749_824 + 128256 * 3072,
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+}
 
 
-def test_llmc_filepath_starts_from_those_weights(model_file, tokens, tmp_path):
-    path, params = model_file
-    ckpt = str(tmp_path / "ckpt")
-    out = run_train(*base(path, tokens, ckpt, learning_rate=0.0)).stdout
-    x, y = first_batch(tokens)
-    loss, _, _ = steps(out)[1]
-    assert_printed(loss, ref.mean_cross_entropy(gpt2_forward(params)(x), y), 6, "step-1 loss")
-    # lr 0: the checkpoint holds the file's weights exactly.
-    got = model_tensors(ckpt_tensors(ckpt, 1))
-    np.testing.assert_array_equal(got["wte.weight"], params["wte"])
-    np.testing.assert_array_equal(got["h.1.attn.c_attn.bias"], params["layers"][1]["qkv_b"])
-    np.testing.assert_array_equal(got["ln_f.weight"], params["lnf_w"])
+def count_gpt2(c):
+    C, L = c["n_embd"], c["n_layer"]
+    return c["vocab_size"] * C + c["block_size"] * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
-def test_llama3_llmc_filepath(tokens, tmp_path):
-    c = dict(block_size=MAXT, vocab_size=V, n_layer=1, n_head=4, n_kv_head=2, n_embd=C, ffn_dim_multiplier=1.0)
-    c.update(multiple_of=16, norm_eps=1e-5, rope_theta=1e4, use_scaled_rope=False)
-    hidden = ref.llama3_hidden_dim(C, 1.0, 16)
-    gen = rng()
-    params = ref.to_f32(
-        ref.llama3_random_params(gen, vocab_size=V, n_layer=1, n_head=4, n_kv_head=2, n_embd=C, hidden_dim=hidden)
-    )
-    path = tmp_path / "llama.bin"
-    path.write_bytes(ref.llama3_llmc_bytes(params, c, "llmc"))
-    out = run_train(*base(str(path), tokens, learning_rate=0.0), "--model=llama3").stdout
-    x, y = first_batch(tokens)
-    assert_printed(steps(out)[1][0], ref.mean_cross_entropy(ref.llama3_forward(params, x, c), y), 6, "llama3 loss")
+def count_llama3(c):
+    cfg = R.FAMILIES["llama3"].config(c)
+    C, H, hd = cfg.n_embd, cfg.hidden_dim, cfg.head_dim
+    per_layer = 2 * C + C * (cfg.n_head + 2 * cfg.n_kv_head) * hd + C * C + 3 * C * H
+    return 2 * cfg.vocab_size * C + cfg.n_layer * per_layer + C
 
 
-def test_weight_decay_follows_adamw(model_file, tokens, tmp_path):
-    """AdamW's decoupled decay: p1 = p0 - lr * (wd * p0 + adam_update); the update is the same with and without
-    decay in the first step, so the two runs differ by exactly -lr * wd * p0 in every parameter."""
-    path, params = model_file
-    lr, wd = 0.01, 3.0
-    run_train(*base(path, tokens, str(tmp_path / "a"), learning_rate=lr, weight_decay=0.0))
-    run_train(*base(path, tokens, str(tmp_path / "b"), learning_rate=lr, weight_decay=wd))
-    plain, decayed = (model_tensors(ckpt_tensors(str(tmp_path / d), 1)) for d in "ab")
-    start = {
-        "wte.weight": params["wte"],
-        "ln_f.bias": params["lnf_b"],
-        "h.0.mlp.c_fc.weight": params["layers"][0]["fc_w"],
+def test_presets_build_the_documented_shapes():
+    for name, published in PUBLISHED.items():
+        spec = R.resolve(name, shape={}, sequence_length=64)
+        count = count_gpt2 if spec.family.name == "gpt2" else count_llama3
+        assert count(spec.fields) == published, name
+    for a, b in (("gpt2", "d12"), ("gpt2-medium", "d24"), ("gpt2-large", "d36"), ("gpt2-xl", "d48")):
+        assert R.resolve(a, shape={}, sequence_length=64).fields == R.resolve(b, shape={}, sequence_length=64).fields
+    assert R.resolve("llama3", shape={}, sequence_length=64).fields["n_kv_head"] == 8
+    # The counting above is the models' own: build small ones and count their parameters.
+    for name, count in (("gpt2-tiny", count_gpt2), ("llama3-tiny", count_llama3)):
+        spec = R.resolve(name, shape={}, sequence_length=32, vocab_size=100)
+        fields = dict(spec.fields, vocab_size=spec.fields.get("padded_vocab_size", 100))  # GPT-2 pads its table
+        assert spec.build("cpu").num_parameters() == count(fields), name
+
+
+# ---- schedules ------------------------------------------------------------------------------------------------
+
+
+def test_learning_rate_schedules_follow_infinitrain():
+    lr, lo = 1.0, 0.1
+    W, D = 4, 14  # warmup 4 steps, decay over the next 10
+    warm = [0.2 + (lr - 0.2) * s / W for s in range(W)]
+    for style, after in (
+        ("constant", [lr] * 10 + [lr] * 3),
+        ("linear", [lr + (lo - lr) * t / 10 for t in range(10)] + [lo] * 3),
+        ("cosine", [lo + 0.5 * (1 + math.cos(math.pi * t / 10)) * (lr - lo) for t in range(10)] + [lo] * 3),
+        ("inverse-square-root", [max(lo, lr * math.sqrt(W / s)) for s in range(W, D + 1)] + [lo] * 2),
+    ):
+        sched = Schedule(lr, style=style, warmup_iters=W, warmup_init=0.2, min_lr=lo, decay_iters=D)
+        assert [sched(s) for s in range(D + 3)] == pytest.approx(warm + after, rel=1e-12), style
+    assert Schedule(lr, style="none", warmup_iters=W, min_lr=lo, decay_iters=D)(0) == lr
+    with pytest.raises(ValueError, match="min_lr"):
+        Schedule(lr, style="cosine", min_lr=2.0, decay_iters=D)
+
+
+# ---- runs -----------------------------------------------------------------------------------------------------
+
+
+def test_load_extends_a_finished_run(corpus, tmp_path):
+    """A finished 4-step run, extended to 6 with --load, equals a 6-step run with the same schedule (the decay
+    kept over 4 steps with --lr_decay_iters=4, so both sit at min_lr afterwards); its metrics file continues."""
+    ckpt = tmp_path / "ckpt"
+    args = [f"--input_bin={corpus}", "--lr_warmup_iters=1", "--lr_decay_iters=4", *TINY]
+    run_train(*args, "--num_iteration=4", f"--save={ckpt}")
+    p = run_train(*args, "--num_iteration=4", f"--save={ckpt}", "--resume", "--num_iteration=6", check=False)
+    one_line_error(p, "--num_iteration=6 (checkpoint: 4)", "use --load")
+    p = run_train(*args, "--num_iteration=6", f"--load={ckpt}", f"--save={ckpt}")
+    assert "resumed from" in p.stdout and "at step 4" in p.stdout and "extending the run from 4 to 6" in p.stderr
+    full = tmp_path / "full"
+    run_train(*args, "--num_iteration=6", f"--save={full}")
+    extended, straight = steps_of(ckpt), steps_of(full)
+    assert sorted(extended) == sorted(straight) == list(range(1, 7))
+    for s in range(1, 7):
+        assert extended[s]["train_loss"] == straight[s]["train_loss"], s
+    assert extended[5]["lr"] == extended[6]["lr"] == pytest.approx(1e-4)  # min_lr: learning_rate / 10
+    p = run_train(*args, "--num_iteration=6", f"--load={ckpt}", check=False)
+    one_line_error(p, "at step 6", "--num_iteration above it")
+
+
+def test_overfit_single_batch_trains_on_the_first_batch(tmp_path):
+    """Every step sees the first batch of the shuffled data: the same curve as a file holding only that batch."""
+    big = tmp_path / "big.bin"
+    tokens = rng().integers(0, 64, size=4000)
+    write_tokens(big, tokens, kind="gpt2")
+    first = DataLoader(str(big), 4, 16, shuffle=True, seed=42).chunk_starts(0)[0]
+    one = tmp_path / "one.bin"
+    write_tokens(one, read_tokens(big)[first : first + 4 * 16 + 1], kind="gpt2")
+    args = ["--num_iteration=4", "--lr_warmup_iters=0", *TINY]
+    run_train(f"--input_bin={big}", "--overfit_single_batch", f"--metrics_file={tmp_path / 'a.jsonl'}", *args)
+    run_train(f"--input_bin={one}", f"--metrics_file={tmp_path / 'b.jsonl'}", *args)
+    a, b = steps_of(tmp_path / "a.jsonl"), steps_of(tmp_path / "b.jsonl")
+    assert [a[s]["train_loss"] for s in a] == [b[s]["train_loss"] for s in b]
+    assert a[4]["train_loss"] < a[1]["train_loss"]
+
+
+def test_metrics_lines_and_tensorboard_events(corpus, tmp_path):
+    tb = tmp_path / "tb"
+    ckpt = tmp_path / "ckpt"
+    args = [f"--input_bin={corpus}", f"--input_val_bin={corpus}", "--num_iteration=4", "--val_loss_every=2", *TINY]
+    p = run_train(*args, f"--save={ckpt}", f"--tensorboard_dir={tb}")
+    lines = [json.loads(x) for x in open(ckpt / "metrics.jsonl")]
+    assert lines[0]["kind"] == "config" and lines[-1] == {"kind": "end", "status": "completed", "step": 4}
+    steps = {r["step"]: r for r in lines if r["kind"] == "step"}
+    printed = {
+        int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step (\d+)/4 \| train loss (\S+)", p.stdout, re.M)
     }
-    start["h.1.ln_2.weight"] = params["layers"][1]["ln2_w"]
-    for name, p0 in start.items():
-        np.testing.assert_allclose(decayed[name] - plain[name], -lr * wd * p0, rtol=1e-4, atol=1e-6, err_msg=name)
+    val = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step (\d+) \| val loss (\S+)", p.stdout, re.M)}
+    assert sorted(val) == [2, 4]
+    for s, r in steps.items():
+        assert set(r) >= {"train_loss", "lr", "grad_norm", "tokens_per_s", "ms", "mem_allocated_mib", "mem_peak_mib"}
+        assert r["train_loss"] == pytest.approx(printed[s], abs=1e-6)
+        assert r["tokens_per_s"] == pytest.approx(64 / (r["ms"] / 1000))
+        assert ("val_loss" in r) == (s in val) and (s not in val or r["val_loss"] == pytest.approx(val[s], abs=1e-6))
+        assert 0 < r["mem_allocated_mib"] <= r["mem_peak_mib"]
+    (events,) = list(tb.glob("events.out.tfevents.*"))
+    scalars = read_scalars(events)
+    loss = {step: v for tag, step, v in scalars if tag == "loss/train"}
+    assert loss == {s: pytest.approx(r["train_loss"], rel=1e-6) for s, r in steps.items()}
+    assert {step for tag, step, _ in scalars if tag == "loss/val"} == {2, 4}
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
 
 
-def test_grad_clip_bounds_the_applied_gradient(model_file, tokens, tmp_path):
-    """The printed norm is the norm before clipping; AdamW's first moment after one step is (1 - beta1) times the
-    gradient it was given, so its norm shows the clipped gradient: min(norm, clip)."""
-    path, _ = model_file
-    runs = {}
-    for clip in (0.0, 1e9, 0.05):
-        d = str(tmp_path / f"c{clip}")
-        out = run_train(*base(path, tokens, d, grad_clip=clip)).stdout
-        m = [v for k, v in ckpt_tensors(d, 1).items() if k.startswith("optim.m.")]
-        applied = math.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in m)) / (1 - BETA1)
-        runs[clip] = (steps(out)[1][2], applied)
-    norm = runs[0.0][0]
-    assert norm > 0.2  # well above the clip below
-    for clip, (printed, applied) in runs.items():
-        assert printed == norm, runs  # the same first gradient in every run
-        want = norm if clip in (0.0, 1e9) else clip * norm / (norm + 1e-6)
-        assert abs(applied - want) <= 1e-5 * want + 5e-5, (clip, applied, want)
+# ---- activation recompute -----------------------------------------------------------------------------------------
 
 
-def periodic_tokens(tmp_path, period):
-    """Tokens repeating with the given period: every window of T tokens starting at a multiple of T is one of
-    period / T fixed rows, so batches of any size hold the same rows in the same proportions."""
-    phrase = rng().integers(0, V, size=period)
-    path = tmp_path / f"periodic{period}.bin"
-    path.write_bytes(ref.tokens_bytes(np.tile(phrase, 2400 // period + 1)))
-    return str(path)
+@pytest.mark.parametrize("family,autocast", [("gpt2", False), ("llama3", True)])
+def test_activation_recompute_keeps_loss_and_gradients_and_lowers_peak_memory(family, autocast):
+    tokens = rng().integers(0, 64, size=(2, 129))  # long sequences, few tokens: the blocks' activations dominate
+
+    def step(with_recompute):
+        it.manual_seed(7)
+        spec = R.resolve(family, shape={"n_layer": 4}, sequence_length=128, vocab_size=64)
+        model = spec.build(DEVICE)
+        if with_recompute:
+            recompute.enable(model, spec.family.blocks(model))
+        x, y = (it.from_numpy(t, device=DEVICE) for t in (tokens[:, :-1], tokens[:, 1:]))
+        # Tensors of earlier tests in reference cycles would be freed whenever the collector runs, lowering the
+        # allocation below the base: collect them first and keep the collector out of the measurement.
+        gc.collect()
+        gc.disable()
+        try:
+            it.runtime.synchronize(DEVICE)
+            base = it.runtime.memory_allocated(DEVICE)
+            it.runtime.reset_peak_memory_stats(DEVICE)
+            with it.amp.autocast(DEVICE, dtype="bfloat16", enabled=autocast):
+                _, loss = model(x, y)
+            loss.backward()
+            it.runtime.synchronize(DEVICE)
+            peak = it.runtime.max_memory_allocated(DEVICE) - base
+        finally:
+            gc.enable()
+        return loss.item(), {k: p.grad.numpy() for k, p in model.named_parameters()}, peak
+
+    loss, grads, peak = step(False)
+    loss_rc, grads_rc, peak_rc = step(True)
+    assert loss_rc == loss
+    for k in grads:  # the same kernels on the same inputs: equal bits
+        np.testing.assert_array_equal(grads_rc[k], grads[k], err_msg=k)
+    assert peak_rc < 0.7 * peak, (peak_rc, peak)
 
 
-def test_gradient_accumulation_equals_the_large_batch(model_file, tmp_path):
-    """Two micro-batches of 2 rows accumulate the gradient of the mean loss over 4 rows: the same printed loss and
-    norm, and the same first moment in AdamW (0.1 times the gradient; the weights themselves are a poor witness:
-    Adam's first step moves each by about lr whatever the gradient's size)."""
-    path, params = model_file
-    data = periodic_tokens(tmp_path, 2 * T)  # rows alternate A, B: a 4-row batch is A B A B, a 2-row one A B
-    big = run_train(*base(path, data, str(tmp_path / "big"), batch_size=4, grad_clip=1.0)).stdout
-    acc = run_train(*base(path, data, str(tmp_path / "acc"), batch_size=2, total_batch_size=4 * T, grad_clip=1.0))
-    assert "accumulation 1" in big and "accumulation 2" in acc.stdout
-    (loss, _, norm), (loss2, _, norm2) = steps(big)[1], steps(acc.stdout)[1]
-    x, y = first_batch(data)
-    assert_printed(loss, ref.mean_cross_entropy(gpt2_forward(params)(x), y), 6, "step-1 loss")
-    assert abs(loss2 - loss) <= 2e-6, (loss, loss2)  # the mean loss, not the sum over micro-batches
-    assert abs(norm2 - norm) <= 1e-4 + 1e-5 * norm, (norm, norm2)  # the gradient of the mean
-    ma, mb = (ckpt_tensors(str(tmp_path / d), 1) for d in ("big", "acc"))
-    for name in (k for k in ma if k.startswith("optim.m.")):
-        np.testing.assert_allclose(mb[name], ma[name], rtol=1e-5, atol=1e-8, err_msg=name)
+# ---- the models' families and LoRA ---------------------------------------------------------------------------
 
 
-def test_learning_rate_and_warmup_schedule(model_file, tokens):
-    """Printed lr: linear warmup to --learning_rate over --warmup_steps, then a cosine down to a tenth of it."""
-    path, _ = model_file
-    lr, warmup, n = 0.004, 3, 8
-    out = steps(run_train(*base(path, tokens, learning_rate=lr, warmup_steps=warmup, num_iteration=n)).stdout)
-    for s in range(n):
-        if s < warmup:
-            want = lr * (s + 1) / warmup
-        else:
-            want = 0.1 * lr + 0.5 * (1 + math.cos(math.pi * (s - warmup) / (n - warmup))) * 0.9 * lr
-        assert abs(out[s + 1][1] - want) <= 0.006 * want, (s, out[s + 1][1], want)  # printed to 3 digits
-
-
-def test_sampling_uses_the_tokenizer_and_the_model(model_file, tokens, tmp_path):
-    """A sample at step 1 is the tokenizer's decoding of tokens drawn (top-k 40, temperature 1, seeded with --seed)
-    from the model's distribution after step 1, starting from the end-of-text token."""
-    import infinitrain as it
+def test_lora_trains_the_adapters_alone_and_saves_them(corpus, tmp_path):
+    """InfiniTrain's --lora_rank/--lora_target_modules through the models' LoRA: base weights stay as they were,
+    the adapters are saved with --lora_save_path, and export merges them into an llm.c file."""
     from infinitrain.models import GPT2
+    from infinitrain.runs import read_checkpoint
 
-    path, _ = model_file
-    pieces = [f"<{i}>".encode() for i in range(V)]
-    eot = 17
-    tok = tmp_path / "tok.bin"
-    tok.write_bytes(ref.tokenizer_bytes(pieces, eot))
-    ckpt = str(tmp_path / "ckpt")
-    out = run_train(*base(path, tokens, ckpt), f"--tokenizer_bin={tok}", "--sample_every=1", "--sample_length=6").stdout
-    m = re.search(r"--- sample at step 1 ---\n(.*)\n---", out)
-    assert m, out
-    sampled = [int(t) for t in re.findall(r"<(\d+)>", m.group(1))]
-    assert "".join(f"<{t}>" for t in sampled) == m.group(1) and len(sampled) == 6
-    # The same draw from the step-1 weights.
-    model = GPT2.from_llmc(path, DEVICE)
-    model.load_state_dict(model_tensors(ckpt_tensors(ckpt, 1)))
-    draw = np.random.default_rng(5)
-    seq = [eot]
-    for _ in range(6):
-        logits = model(it.from_numpy(np.array([seq]), device=DEVICE))[0].numpy()[0, -1].astype(np.float64)
-        kth = np.sort(logits)[-40]
-        logits = np.where(logits < kth, -np.inf, logits)
-        p = np.exp(logits - logits.max())
-        seq.append(int(draw.choice(V, p=p / p.sum())))
-    assert sampled == seq[1:]
-
-
-def test_log_file_gets_the_header_and_step_lines(model_file, tokens, tmp_path):
-    path, _ = model_file
-    log = tmp_path / "train.log"
-    out = run_train(*base(path, tokens, num_iteration=3), f"--log_file={log}").stdout
-    printed = [line for line in out.splitlines() if line.startswith(("model ", "step "))]
-    assert len(printed) == 4 and log.read_text().splitlines() == printed
-    again = run_train(*base(path, tokens, num_iteration=2), f"--log_file={log}").stdout
-    printed += [line for line in again.splitlines() if line.startswith(("model ", "step "))]
-    assert log.read_text().splitlines() == printed  # appended
+    ckpt, adapters = tmp_path / "ckpt", tmp_path / "adapters"
+    args = [f"--input_bin={corpus}", "--num_iteration=3", "--lr_warmup_iters=0", *TINY, "--model=gpt2"]
+    run_train(*args, f"--save={ckpt}", "--save_interval=1", "--max_checkpoint_keep=3", "--lora_rank=2",
+              "--lora_target_modules=c_attn,c_proj", f"--lora_save_path={adapters}")  # fmt: skip
+    assert (adapters / "adapter_config.json").exists()
+    first, _ = read_checkpoint(ckpt / "ckpt_00000001.bin")
+    last, meta = read_checkpoint(ckpt / "ckpt_00000003.bin")
+    assert meta["lora"]["r"] == 2
+    lora_keys = [k for k in last if "lora" in k]
+    assert lora_keys and all(k.startswith("model.") for k in lora_keys)
+    for k in last:
+        if k.startswith("model."):
+            changed = not np.array_equal(first[k], last[k])
+            assert changed == ("lora_B" in k or "lora_A" in k), k  # only adapters move
+    out = tmp_path / "merged.bin"
+    p = subprocess.run(
+        [sys.executable, "-m", "infinitrain.tools.export", f"--checkpoint={ckpt}", f"--output={out}"],
+        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    merged = GPT2.from_llmc(str(out)).state_dict()
+    pre = "model.h.0.attn.c_attn."
+    want = last[pre + "weight"] + 16.0 / 2 * last[pre + "lora_B"] @ last[pre + "lora_A"]  # alpha / rank
+    np.testing.assert_allclose(merged["h.0.attn.c_attn.weight"].numpy(), want, rtol=1e-5, atol=1e-6)
+    assert not any("lora" in k for k in merged)
 
 
-def test_validation_loss_is_the_mean_over_val_batches(model_file, tokens, tmp_path):
-    path, _ = model_file
-    val = tmp_path / "val.bin"
-    val_tokens = rng().integers(0, V, size=5 * B * T + 1)
-    val.write_bytes(ref.tokens_bytes(val_tokens))
-    ckpt = str(tmp_path / "ckpt")
-    flags = base(path, tokens, ckpt, num_iteration=3, checkpoint_every=1, keep_checkpoints=3)
-    out = run_train(*flags, f"--input_val_bin={val}", "--val_every=2", "--val_batches=2").stdout
-    printed = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step (\d+) \| val loss (\S+)$", out, re.M)}
-    assert sorted(printed) == [2, 3]  # every 2 steps, and at the end
-    for s, loss in printed.items():
-        w = model_tensors(ckpt_tensors(ckpt, s))
-        params = {"wte": w["wte.weight"], "wpe": w["wpe.weight"], "lnf_w": w["ln_f.weight"], "lnf_b": w["ln_f.bias"]}
-        params["layers"] = [
-            {k: w[f"h.{i}.{n}"] for k, n in zip(ref.GPT2_LAYER_KEYS, GPT2_NAMES, strict=True)} for i in range(L)
-        ]
-        chunks = val_tokens[: 2 * B * T + 1]  # the first two batches, in file order
-        want = np.mean(
-            [
-                ref.mean_cross_entropy(
-                    gpt2_forward(params)(chunks[j : j + B * T].reshape(B, T)),
-                    chunks[j + 1 : j + B * T + 1].reshape(B, T),
-                )
-                for j in (0, B * T)
-            ]
-        )
-        assert_printed(loss, want, 6, f"val loss at step {s}")
-
-
-GPT2_NAMES = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight")
-GPT2_NAMES += ("attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias")
-GPT2_NAMES += ("mlp.c_proj.weight", "mlp.c_proj.bias")
-
-
-def test_dtype_bfloat16_autocasts(model_file, tokens):
-    path, params = model_file
-    f32 = steps(run_train(*base(path, tokens, num_iteration=2)).stdout)
-    out = run_train(*base(path, tokens, num_iteration=2, dtype="bfloat16")).stdout
-    assert "dtype bfloat16" in out
-    bf = steps(out)
-    x, y = first_batch(tokens)
-    want = ref.mean_cross_entropy(gpt2_forward(params)(x), y)
-    assert_printed(f32[1][0], want, 6, "float32 loss")
-    # bfloat16 matmuls: off by bfloat16 rounding (rtol 1.6e-2), but not float32's result.
-    assert abs(bf[1][0] - want) <= 1.6e-2 * want and bf[1][0] != f32[1][0], (bf, f32, want)
-
-
-def test_fresh_model_flags_shape_the_model(tokens, tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    flags = ["--model=llama3", f"--input_bin={tokens}", "--sequence_length=8", "--batch_size=2", "--num_iteration=1"]
-    run_train(*flags, "--n_layer=3", "--n_head=4", "--n_kv_head=1", "--n_embd=48", f"--checkpoint_dir={ckpt}")
-    w = model_tensors(ckpt_tensors(ckpt, 1))
-    assert sorted({k.split(".")[1] for k in w if k.startswith("h.")}) == ["0", "1", "2"]
-    assert w["h.0.attn.c_attn.weight"].shape == ((4 + 2 * 1) * 12, 48)  # 4 query heads, 1 kv head, head dim 12
-    vocab = int(np.fromfile(tokens, dtype="<u2", offset=1024).max()) + 1  # a fresh model covers the data's ids
-    assert w["wte.weight"].shape == (vocab, 48)
-
-
-def test_seed_sets_initialisation_and_data_order(tokens):
-    flags = [f"--input_bin={tokens}", "--sequence_length=8", "--batch_size=2", "--num_iteration=2", "--n_layer=1"]
-    flags += ["--n_embd=32", "--n_head=2"]
-    a, b = (steps(run_train(*flags, f"--seed={s}").stdout) for s in (1, 2))
-    assert a[1] != b[1] and a[2] != b[2]  # (that one seed repeats a run bit for bit: test_models, test_train)
+@pytest.mark.parametrize("family", ["mixtral", "qwen3"])
+def test_the_models_families_train_from_the_cli(family, corpus, tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    args = [f"--input_bin={corpus}", "--num_iteration=2", f"--model={family}", *TINY, "--n_kv_head=1"]
+    if family == "mixtral":
+        args += ["--num_experts=2", "--num_experts_per_tok=1", "--intermediate_size=48"]
+    run_train(*args, f"--metrics_file={metrics}")
+    config, steps = read_metrics(metrics)
+    assert config["family"] == family and sorted(steps) == [1, 2]
+    assert config["model_config"]["n_layer"] == 1 and config["model_config"]["n_kv_head"] == 1
+    if family == "mixtral":
+        assert config["model_config"]["num_experts"] == 2 and config["model_config"]["intermediate_size"] == 48

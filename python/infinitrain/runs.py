@@ -7,6 +7,7 @@ No flags are defined here (infinitrain.train defines them), so this imports anyw
 import errno
 import fcntl
 import glob
+import json
 import os
 import signal
 import socket
@@ -181,3 +182,111 @@ class StopRequest:
         self.signum = signum
         # os.write, not print: a handler that prints while the loop prints raises "reentrant call".
         os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again aborts)\n".encode())
+
+
+# ---- metrics ----------------------------------------------------------------------------------------------------
+
+METRICS_NAME = "metrics.jsonl"
+
+
+def default_run_dir(model_name):
+    """Where a run without --save or --metrics_file writes: $INFINITRAIN_RUNS_DIR or ./runs, one folder per run."""
+    root = os.environ.get("INFINITRAIN_RUNS_DIR") or "runs"
+    return os.path.join(root, f"{model_name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
+class MetricsLog:
+    """A run's metrics as JSON lines: one `config` line when a run (or a resumed part of it) starts, one `step`
+    line per optimizer step (train loss, validation loss when evaluated, learning rate, gradient norm,
+    tokens/s, ms, memory), an `end` line. Opened and written at start, so a bad path fails before training.
+    Appends: a resumed run continues its file, and readers take the newest line of each step."""
+
+    def __init__(self, path, flag="--metrics_file", tensorboard_dir=""):
+        self.path, self.flag = path, flag
+        try:
+            parent = os.path.dirname(path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            self.f = open(path, "a")
+            self.f.flush()
+        except OSError as e:
+            raise UsageError(f"{flag}={path}: cannot open it: {e.strerror or e}") from None
+        self.tb = None
+        if tensorboard_dir:
+            from infinitrain.tools.tensorboard import SummaryWriter
+
+            try:
+                self.tb = SummaryWriter(tensorboard_dir)
+            except OSError as e:
+                raise UsageError(f"--tensorboard_dir={tensorboard_dir}: {e.strerror or e}") from None
+
+    def write(self, record):
+        try:
+            self.f.write(json.dumps(record, default=_json_value) + "\n")
+            self.f.flush()
+        except OSError as e:
+            raise TrainError(f"{self.flag}={self.path}: cannot write: {e.strerror or e}") from None
+        if self.tb is not None and record.get("kind") == "step":
+            for key, tag in _TB_TAGS.items():
+                if record.get(key) is not None:
+                    self.tb.add_scalar(tag, float(record[key]), record["step"])
+
+    def close(self):
+        for f in (self.f, self.tb):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+
+
+_TB_TAGS = {
+    "train_loss": "loss/train",
+    "val_loss": "loss/val",
+    "lr": "lr",
+    "grad_norm": "grad_norm",
+    "tokens_per_s": "perf/tokens_per_s",
+    "ms": "perf/ms_per_step",
+    "mem_peak_mib": "memory/peak_mib",
+}
+
+
+def _json_value(v):
+    if isinstance(v, (np.integer, np.floating)):
+        return v.item()
+    return str(v)
+
+
+def metrics_path(path):
+    """A run directory's metrics file, or the file itself."""
+    return os.path.join(path, METRICS_NAME) if os.path.isdir(path) else path
+
+
+def read_metrics(path):
+    """(config, steps) of a metrics file or run directory: the first config line, and step -> the newest step
+    line (a resumed run re-does the steps after its checkpoint)."""
+    path = metrics_path(path)
+    config, steps = None, {}
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such metrics file (pass a run directory or its {METRICS_NAME})") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory without {METRICS_NAME}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                continue  # a run killed mid-write leaves a partial last line
+            raise ValueError(f"{path}:{n}: not a JSON line") from None
+        if rec.get("kind") == "config" and config is None:
+            config = rec
+        elif rec.get("kind") == "step":
+            steps[int(rec["step"])] = rec
+    if config is None:
+        raise ValueError(f"{path}: not a metrics file (no config line)")
+    return config, steps

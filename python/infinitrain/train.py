@@ -1,16 +1,18 @@
-"""The train CLI: trains GPT-2 or LLaMA 3 on llm.c token files (default: the
-embedded Shakespeare corpus, byte-level), with gradient accumulation,
-warmup+cosine learning rate, optional bfloat16 autocast, atomic checkpoints
-and exact resume.
+"""The train CLI: trains GPT-2 or LLaMA 3 on llm.c token files (default: the embedded Shakespeare corpus,
+byte-level), with gradient accumulation, InfiniTrain's learning-rate schedules, optional bfloat16 autocast,
+activation recompute, atomic checkpoints with exact resume, metrics as JSON lines (and TensorBoard), a
+precision checker and a profiler. Flags follow InfiniTrain's; an InfiniTrain `train.flags` file runs with
+--flagfile.
 
     ./bazelw run //python:train -- --num_iteration=200
-
-Only main() reads FLAGS; every helper takes what it needs as arguments.
 """
+
+# Only main() reads FLAGS; every helper takes what it needs as arguments.
 
 import math
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -18,137 +20,290 @@ import numpy as np
 from absl import app, flags
 
 import infinitrain as it
-from infinitrain.data import ByteTokenizer, DataLoader, Tokenizer, default_corpus
+from infinitrain.data import ByteTokenizer, DataLoader, default_corpus, read_tokens_header
 from infinitrain.data.tokens import token_file_identity
-from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
-from infinitrain.runs import CheckpointDir, Stopped, StopRequest, TrainError, UsageError, read_checkpoint
+from infinitrain.models import lora
+from infinitrain.models import registry as models_registry
+from infinitrain.runs import (
+    METRICS_NAME,
+    CheckpointDir,
+    MetricsLog,
+    Stopped,
+    StopRequest,
+    TrainError,
+    UsageError,
+    default_run_dir,
+    read_checkpoint,
+)
+from infinitrain.tools import model_registry, precision, recompute
+from infinitrain.tools.schedule import STYLES, Schedule
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("model", "gpt2", ["gpt2", "llama3"], "Model architecture.")
-flags.DEFINE_string("device", "cpu", "Device to train on: cpu, or a registered provider such as sim:0.")
+
+# ---- flags: InfiniTrain's names; ours stay as aliases ------------------------------------------------------------
+
+# What to train
+flags.DEFINE_string(
+    "model",
+    "gpt2-tiny",
+    "Model preset: " + "; ".join(model_registry.describe()) + ". With --n_layer/--n_head/--n_kv_head/--n_embd, "
+    "--model=gpt2 or llama3 is a custom-size model (unset shape flags: 4 layers, 4 heads, 2 kv heads, 128 wide).",
+)
+flags.DEFINE_integer("n_layer", None, "Layers of a custom-size model.", lower_bound=1)
+flags.DEFINE_integer("n_head", None, "Attention heads of a custom-size model.", lower_bound=1)
+flags.DEFINE_integer("n_kv_head", None, "Key/value heads of a custom-size LLaMA 3.", lower_bound=1)
+flags.DEFINE_integer("n_embd", None, "Width of a custom-size model.", lower_bound=1)
+flags.DEFINE_integer(
+    "vocab_size", None, "Vocabulary size (default: the tokenizer's, else the preset's or the token file kind's).", 1
+)
+flags.DEFINE_string("llmc_filepath", "", "Start from this llm.c model file (it fixes the model's shape).")
+flags.DEFINE_string("input_bin", "", "llm.c token file to train on (default: the Shakespeare corpus).")
+flags.DEFINE_string("input_val_bin", "", "llm.c token file for validation (default: the corpus's val split).")
+flags.DEFINE_string("tokenizer_bin", "", "llm.c tokenizer file (samples; its size is the vocabulary).")
+# Where
+flags.DEFINE_string("device", "cpu", "Device to train on: cpu, or a provider's device such as sim:0 or cuda.")
 flags.DEFINE_string(
     "devices", "", "Data-parallel training in this process over these devices (e.g. sim:0,sim:1); overrides --device."
 )
+flags.DEFINE_integer(
+    "nthread_per_process", 1, "InfiniTrain's data parallelism: N > 1 trains on devices 0..N-1 of --device's type.", 1
+)
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype (bfloat16 autocasts matmuls).")
+# Batch and length
 flags.DEFINE_integer("batch_size", 8, "Sequences per micro-batch on each device.", lower_bound=1)
 flags.DEFINE_integer("sequence_length", 128, "Tokens per sequence.", lower_bound=1)
 flags.DEFINE_integer("total_batch_size", 0, "Tokens per optimizer step (0: one micro-batch).", lower_bound=0)
-flags.DEFINE_integer("num_iteration", 300, "Optimizer steps.", lower_bound=1)
+flags.DEFINE_integer("num_iteration", 300, "Optimizer steps (the whole run; more than a checkpoint's extends it).", 1)
+flags.DEFINE_bool("overfit_single_batch", False, "Train every step on the first batch(es) of the data.")
+# Optimizer and schedule
+flags.DEFINE_enum("optimizer", "adamw", ["adamw", "adam", "sgd"], "adamw: betas (0.9, 0.95); adam: (0.9, 0.999); sgd.")
 flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.", lower_bound=0.0)
-flags.DEFINE_integer("warmup_steps", 10, "Linear warmup steps.", lower_bound=0)
-flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.", lower_bound=0.0)
+flags.DEFINE_integer("lr_warmup_iters", 10, "Linear warmup steps.", lower_bound=0)
+flags.DEFINE_float("lr_warmup_init", 0.0, "Learning rate at the start of warmup.", lower_bound=0.0)
+flags.DEFINE_enum("lr_decay_style", "cosine", list(STYLES), "Decay after warmup (InfiniTrain's styles).")
+flags.DEFINE_float("min_lr", None, "Learning rate at the end of decay (default: --learning_rate / 10).", 0.0)
+flags.DEFINE_integer("lr_decay_iters", 0, "Steps the warmup and decay span (0: --num_iteration).", lower_bound=0)
+flags.DEFINE_float("weight_decay", 0.0, "Weight decay (AdamW's decoupled; SGD's L2).", lower_bound=0.0)
 flags.DEFINE_float("grad_clip", 1.0, "Gradient norm clip (0: off).", lower_bound=0.0)
-flags.DEFINE_string("input_bin", "", "llm.c token file to train on (default: the Shakespeare corpus).")
-flags.DEFINE_string("input_val_bin", "", "llm.c token file for validation (default: the corpus's val split).")
-flags.DEFINE_string("tokenizer_bin", "", "llm.c tokenizer file for decoding samples.")
-flags.DEFINE_string("llmc_filepath", "", "Start from this llm.c model file instead of a fresh model.")
-flags.DEFINE_string("checkpoint_dir", "", "Directory for checkpoints (empty: none); locked while a run uses it.")
-flags.DEFINE_integer("checkpoint_every", 0, "Save every N steps (0: only at the end).", lower_bound=0)
-flags.DEFINE_integer(
-    "keep_checkpoints", 2, "Checkpoints kept in --checkpoint_dir (older ones are deleted).", lower_bound=1
-)
-flags.DEFINE_bool("resume", False, "Resume from the newest intact checkpoint in --checkpoint_dir.")
-flags.DEFINE_bool("allow_other_data", False, "Let --resume continue on training data other than the checkpoint's.")
-flags.DEFINE_bool("allow_nonfinite", False, "Keep training (and saving) after a NaN or infinite loss or norm.")
 flags.DEFINE_integer("seed", 42, "Seed for initialisation and data order.", lower_bound=0, upper_bound=2**63 - 1)
-flags.DEFINE_integer("sample_every", 100, "Print a generated sample every N steps (0: never).", lower_bound=0)
-flags.DEFINE_integer("sample_length", 96, "Tokens per sample.", lower_bound=1)
-flags.DEFINE_integer("val_every", 0, "Evaluate validation loss every N steps (0: never).", lower_bound=0)
+flags.DEFINE_bool("activation_recompute", False, "Recompute each transformer block's forward in backward.")
+flags.DEFINE_string("recompute_granularity", "full", "InfiniTrain's: full (every block) is implemented.")
+flags.DEFINE_string("recompute_method", "none", "InfiniTrain's: none or uniform with --recompute_num_layers <= 1.")
+flags.DEFINE_integer("recompute_num_layers", 0, "InfiniTrain's: layers per recompute region (0 or 1).", lower_bound=0)
+# Evaluation and samples
+flags.DEFINE_integer("val_loss_every", 50, "Evaluate validation loss every N steps and at the end (0: never).", 0)
 flags.DEFINE_integer("val_batches", 4, "Batches per validation.", lower_bound=1)
-flags.DEFINE_integer("n_layer", 4, "Layers of a fresh model.", lower_bound=1)
-flags.DEFINE_integer("n_head", 4, "Attention heads of a fresh model.", lower_bound=1)
-flags.DEFINE_integer("n_kv_head", 2, "Key/value heads of a fresh LLaMA 3.", lower_bound=1)
-flags.DEFINE_integer("n_embd", 128, "Width of a fresh model.", lower_bound=1)
+flags.DEFINE_integer("freq_generate_txt", 100, "Print a generated sample every N steps (0: never).", lower_bound=0)
+flags.DEFINE_integer("text_length", 96, "Tokens per generated sample.", lower_bound=1)
+# Checkpoints
+flags.DEFINE_string("save", "", "Directory for checkpoints and the run's metrics (locked while a run uses it).")
+flags.DEFINE_integer("save_interval", 0, "Save every N steps (0: only at the end).", lower_bound=0)
+flags.DEFINE_integer("max_checkpoint_keep", 2, "Checkpoints kept in --save (older ones are deleted).", 1)
+flags.DEFINE_bool(
+    "save_optimizer_state", True, "Store the optimizer's state in checkpoints (needed to resume exactly)."
+)
+flags.DEFINE_bool("load_optimizer_state", True, "Restore the optimizer's state from the checkpoint.")
+flags.DEFINE_string("load", "", "Continue from this checkpoint file or directory (newest intact); may extend the run.")
+flags.DEFINE_bool("resume", False, "Continue exactly from the newest intact checkpoint in --save (same settings).")
+flags.DEFINE_bool(
+    "allow_other_data", False, "Let --resume/--load continue on training data other than the checkpoint's."
+)
+flags.DEFINE_bool("allow_nonfinite", False, "Keep training (and saving) after a NaN or infinite loss or norm.")
+# Outputs
+flags.DEFINE_string("metrics_file", "", f"JSON-lines metrics (default: <--save>/{METRICS_NAME}, else under ./runs).")
+flags.DEFINE_string("tensorboard_dir", "", "Also write TensorBoard event files here.")
 flags.DEFINE_string("log_file", "", "Also append step lines to this file.")
+flags.DEFINE_string("precision_check", "", "Record per-module/op statistics: steps=A[:B],level=1|2,output_path=P,...")
+flags.DEFINE_string("profile_steps", "", "Profile steps A..B (A:B, 1-based): op table and Chrome trace.")
+flags.DEFINE_string("profile_name", "profile", "Prefix of the profiler's files in the run directory.")
+# InfiniTrain flags whose features are not here yet: accepted at their neutral value, refused otherwise.
+flags.DEFINE_integer("zero_stage", 0, "ZeRO stage: only 0 (no sharding) is implemented.")
+flags.DEFINE_integer("tensor_parallel", 1, "Tensor parallel size: only 1 is implemented.")
+flags.DEFINE_bool("sequence_parallel", False, "Sequence parallelism: not implemented.")
+flags.DEFINE_integer("pipeline_parallel", 1, "Pipeline parallel size: only 1 is implemented.")
+flags.DEFINE_integer("virtual_pipeline_parallel", 1, "Virtual pipeline chunks: only 1 is implemented.")
+# The models' flags: --config_json, --init_from, --intermediate_size, --num_experts, --num_experts_per_tok,
+# --lora_rank, --lora_alpha, --lora_target_modules, --lora_dropout.
+models_registry.define_flags()
+flags.DEFINE_string("lora_save_path", "", "Save the LoRA adapters here at the end (PEFT's file names).")
+flags.DEFINE_string("lora_load_path", "", "Start from these LoRA adapters (their rank and targets come along).")
 
+# Our earlier names.
+ALIASES = {}
+for _alias, _name in (
+    ("warmup_steps", "lr_warmup_iters"),
+    ("val_every", "val_loss_every"),
+    ("sample_every", "freq_generate_txt"),
+    ("sample_length", "text_length"),
+    ("checkpoint_dir", "save"),
+    ("checkpoint_every", "save_interval"),
+    ("keep_checkpoints", "max_checkpoint_keep"),
+):
+    flags.DEFINE_alias(_alias, _name)
+    ALIASES[_alias] = _name
 
-def build_model(model, vocab_size, device, *, llmc_filepath, sequence_length, n_layer, n_head, n_kv_head, n_embd):
-    if llmc_filepath:
-        cls = GPT2 if model == "gpt2" else LLaMA3
-        return cls.from_llmc(llmc_filepath, device)
-    if model == "gpt2":
-        padded = -(-vocab_size // 64) * 64
-        return GPT2(GPT2Config(sequence_length, vocab_size, padded, n_layer, n_head, n_embd), device)
-    cfg = LLaMA3Config(
-        block_size=sequence_length,
-        vocab_size=vocab_size,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_kv_head=n_kv_head,
-        n_embd=n_embd,
-        ffn_dim_multiplier=1.0,
-        multiple_of=32,
-    )
-    return LLaMA3(cfg, device)
+# Flags of features not implemented yet: (flag, neutral values, what is missing).
+UNSUPPORTED = (
+    ("zero_stage", (0,), "ZeRO optimizer-state sharding"),
+    ("tensor_parallel", (1,), "tensor parallelism"),
+    ("sequence_parallel", (False,), "sequence parallelism"),
+    ("pipeline_parallel", (1,), "pipeline parallelism"),
+    ("virtual_pipeline_parallel", (1,), "virtual pipeline stages"),
+    ("recompute_granularity", ("full", "none"), "selective activation recompute (full is)"),
+    ("recompute_method", ("none", "uniform"), "block-wise recompute (uniform, one layer per region, is)"),
+)
 
-
-# Flags that shape the loss curve; a resumed run must use the same ones.
+# Flags that shape the loss curve; resuming must keep them. --load may raise the two EXTENDABLE ones.
 RUN_FLAGS = (
     "batch_size",
     "sequence_length",
     "total_batch_size",
     "num_iteration",
     "learning_rate",
-    "warmup_steps",
+    "lr_warmup_iters",
+    "lr_warmup_init",
+    "lr_decay_style",
+    "min_lr",
+    "lr_decay_iters",
+    "optimizer",
     "weight_decay",
     "grad_clip",
     "dtype",
     "seed",
-    "n_layer",
-    "n_head",
-    "n_kv_head",
-    "n_embd",
+    "overfit_single_batch",
     "llmc_filepath",
+    *models_registry.RUN_FLAGS,
 )
+EXTENDABLE = ("num_iteration", "lr_decay_iters")
 
 
-def run_settings(values, n_devices):
-    """The flags that shape the loss curve (from `values`, a flag-name -> value mapping), plus the number of
-    devices (which ones does not matter)."""
+def run_settings(values, n_devices, config):
+    """The settings that shape the loss curve: flags (resolved: min_lr and lr_decay_iters are numbers), the
+    model's shape and vocabulary, and the number of devices (which ones does not matter)."""
     settings = {k: values[k] for k in RUN_FLAGS}
+    settings["min_lr"] = resolved_min_lr(values)
+    settings["lr_decay_iters"] = values["lr_decay_iters"] or values["num_iteration"]
+    for k in ("n_layer", "n_head", "n_kv_head", "n_embd", "vocab_size"):
+        settings[k] = config.get(k)
     settings["n_devices"] = n_devices
     return settings
+
+
+def resolved_min_lr(values):
+    return values["learning_rate"] / 10 if values["min_lr"] is None else values["min_lr"]
+
+
+# ---- extension points ------------------------------------------------------------------------------------------
+
+
+def build_models(spec, devices, adapt=None):
+    """One model per device, replicas copies of the first (after `adapt`, e.g. LoRA, ran on each); the
+    generator state is as after building and adapting one."""
+    model = spec.build(devices[0])
+    params = [adapt(model) if adapt else list(model.parameters())]
+    models = [model]
+    rng_state = it.random.default_generator.get_state()
+    for d in devices[1:]:
+        replica = spec.build(d)
+        params.append(adapt(replica) if adapt else list(replica.parameters()))
+        replica.load_state_dict(model.state_dict())
+        models.append(replica)
+    it.random.default_generator.set_state(rng_state)
+    return models, params
+
+
+def lora_settings(values):
+    """LoRA as the flags ask (None: off): the models' adapters on --lora_target_modules (empty: the family's
+    attention projections), or the adapters of --lora_load_path."""
+    if values["lora_load_path"]:
+        return {"load": values["lora_load_path"]}
+    if not values["lora_rank"]:
+        if values["lora_save_path"]:
+            raise UsageError("--lora_save_path needs --lora_rank (or --lora_load_path)")
+        return None
+    return {
+        "rank": values["lora_rank"],
+        "alpha": values["lora_alpha"],
+        "targets": values["lora_target_modules"],
+        "dropout": values["lora_dropout"],
+    }
+
+
+def apply_lora(model, family, settings):
+    """Adapts the model in place (models/lora.py); returns the parameters to train (all without LoRA)."""
+    if settings is None:
+        return list(model.parameters())
+    try:
+        if "load" in settings:
+            lora.load_adapters(model, settings["load"])
+            return lora.trainable_parameters(model)
+        return models_registry.setup_lora(
+            model, family, settings["rank"], settings["alpha"], settings["targets"], settings["dropout"]
+        )
+    except (ValueError, KeyError, OSError) as e:
+        raise UsageError(f"LoRA: {' '.join(str(e).split())}") from None
+
+
+def make_optimizer(params, values):
+    name, lr, wd = values["optimizer"], values["learning_rate"], values["weight_decay"]
+    if name == "sgd":
+        return it.optim.SGD(params, lr=lr, weight_decay=wd)
+    betas = (0.9, 0.95) if name == "adamw" else (0.9, 0.999)
+    return it.optim.AdamW(params, lr=lr, betas=betas, eps=1e-8, weight_decay=wd)
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------------------
 
 
-def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data):
-    """(tensors, meta) of a checkpoint: model, optimizer, loader position, generator, run settings, data identity."""
+def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data, extra, with_optimizer=True):
+    """(tensors, meta) of a checkpoint: model, optimizer, loader position, generator, run settings, data identity,
+    and `extra` (the model's config and tokenizer, so sample and export can rebuild it)."""
     tensors = {f"model.{k}": v.numpy() for k, v in model.state_dict().items()}
     opt = optimizer.state_dict()
-    tensors.update({f"optim.{k}": v for k, v in opt["tensors"].items()})
+    if with_optimizer:
+        tensors.update({f"optim.{k}": v for k, v in opt["tensors"].items()})
     meta = {
         "step": step,
-        "optimizer": {"step": opt["step"], "lr": opt["lr"]},
+        "optimizer": {"step": opt["step"], "lr": opt["lr"], "saved": with_optimizer},
         "loader": loader.state_dict(),
         "generator": it.random.default_generator.get_state(),
         "model": model_name,
         "run": run,
         "data": data,
+        **extra,
     }
     return tensors, meta
 
 
-def save_checkpoint(ckpt_dir, step, model, optimizer, loader, *, model_name, run, data):
-    tensors, meta = checkpoint_state(step, model, optimizer, loader, model_name=model_name, run=run, data=data)
+def save_checkpoint(ckpt_dir, step, model, optimizer, loader, **kw):
+    tensors, meta = checkpoint_state(step, model, optimizer, loader, **kw)
     return ckpt_dir.save(step, tensors, meta)
 
 
-def check_checkpoint(path, meta, *, model_name, run, run_defaults, data, allow_other_data):
-    """Refuses a checkpoint of another model or other run settings, and (unless allowed) one trained on other
-    data. Returns warnings to print."""
+def check_checkpoint(path, meta, *, model_name, run, run_defaults, data, allow_other_data, extend=False):
+    """Refuses a checkpoint of another model or other run settings (with extend, --num_iteration and
+    --lr_decay_iters may change), and (unless allowed) one trained on other data. Returns notes to print."""
     warnings = []
     if meta.get("model") != model_name:
-        raise UsageError(f"{path} holds a {meta.get('model')} checkpoint, but --model={model_name}")
+        raise UsageError(f"{path} holds a {meta.get('model')} checkpoint, but this run builds a {model_name} model")
     saved = meta.get("run", {})
     changed = [
         f"--{k}={run[k]} (checkpoint: {saved.get(k, run_defaults.get(k))})"
         for k in run
-        if saved.get(k, run_defaults.get(k)) != run[k]
+        if saved.get(k, run_defaults.get(k)) != run[k] and not (extend and k in EXTENDABLE)
     ]
     if changed:
-        raise UsageError(f"{path} was trained with other settings; resuming would change the run: {', '.join(changed)}")
+        hint = ""
+        if not extend and any(c.startswith("--num_iteration=") for c in changed):
+            hint = " (to extend a finished run, use --load)"
+        raise UsageError(
+            f"{path} was trained with other settings; resuming would change the run: {', '.join(changed)}{hint}"
+        )
+    if extend and saved.get("num_iteration") not in (None, run["num_iteration"]):
+        warnings.append(
+            f"note: extending the run from {saved.get('num_iteration')} to {run['num_iteration']} steps; the learning "
+            f"rate now follows the schedule over {run['lr_decay_iters']} steps"
+        )
     old = meta.get("data")
     if not isinstance(old, dict):
         warnings.append(f"warning: {path} does not record its training data; cannot check it is {data['path']}")
@@ -166,13 +321,20 @@ def check_checkpoint(path, meta, *, model_name, run, run_defaults, data, allow_o
     return warnings
 
 
-def apply_checkpoint(tensors, meta, models, optimizers, loader, *, allow_other_data):
+def apply_checkpoint(tensors, meta, models, optimizers, loader, *, allow_other_data, load_optimizer=True):
     """Loads model and optimizer state into every replica, and the loader and generator state; returns the step."""
     model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     opt_tensors = {k[len("optim.") :]: v for k, v in tensors.items() if k.startswith("optim.")}
+    has_opt = meta["optimizer"].get("saved", True)
     for m, opt in zip(models, optimizers, strict=True):
         m.load_state_dict(model_state)
-        opt.load_state_dict({**meta["optimizer"], "tensors": opt_tensors})
+        if has_opt and load_optimizer:
+            opt.load_state_dict({**meta["optimizer"], "tensors": opt_tensors})
+    if not has_opt or not load_optimizer:
+        why = (
+            "holds no optimizer state (--save_optimizer_state=false)" if not has_opt else "--load_optimizer_state=false"
+        )
+        print(f"note: the optimizer starts fresh: the checkpoint {why}", file=sys.stderr)
     try:
         loader.load_state_dict(meta["loader"])
     except ValueError:
@@ -183,58 +345,73 @@ def apply_checkpoint(tensors, meta, models, optimizers, loader, *, allow_other_d
     return int(meta["step"])
 
 
-def resume(ckpt_dir, models, optimizers, loader, *, model_name, run, run_defaults, data, allow_other_data):
-    """Resumes from the newest intact checkpoint; damaged ones are set aside with a warning. Returns the step
-    (0 when there is no checkpoint)."""
-    candidates = ckpt_dir.checkpoints()
+def checkpoint_candidates(path):
+    """Checkpoint files at `path` (a file, or a directory's ckpt_*.bin), oldest first."""
+    if os.path.isdir(path):
+        import glob
+
+        return sorted(glob.glob(os.path.join(path, "ckpt_*.bin")))
+    if os.path.exists(path):
+        return [path]
+    raise UsageError(f"--load={path}: no such checkpoint file or directory")
+
+
+def resume(candidates, ckpt_dir, models, optimizers, loader, *, where, extend=False, load_optimizer=True, **check):
+    """Continues from the newest intact checkpoint of `candidates`; damaged ones in the run's own (locked)
+    directory are set aside with a warning, others skipped. Returns the step (0 when there is none)."""
     if not candidates:
-        print(f"no checkpoint in {ckpt_dir.directory}; starting from scratch")
+        print(f"no checkpoint in {where}; starting from scratch")
         return 0
     for path in reversed(candidates):
         try:
             tensors, meta = read_checkpoint(path)
         except ValueError as e:
-            moved = ckpt_dir.mark_damaged(path)
-            print(f"warning: {e}; moved it to {moved} and falling back to an older checkpoint", file=sys.stderr)
+            if ckpt_dir is not None and os.path.dirname(os.path.abspath(path)) == os.path.abspath(ckpt_dir.directory):
+                moved = ckpt_dir.mark_damaged(path)
+                print(f"warning: {e}; moved it to {moved} and falling back to an older checkpoint", file=sys.stderr)
+            else:
+                print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
             continue
-        for w in check_checkpoint(
-            path,
-            meta,
-            model_name=model_name,
-            run=run,
-            run_defaults=run_defaults,
-            data=data,
-            allow_other_data=allow_other_data,
-        ):
+        for w in check_checkpoint(path, meta, extend=extend, **check):
             print(w, file=sys.stderr)
-        start = apply_checkpoint(tensors, meta, models, optimizers, loader, allow_other_data=allow_other_data)
+        start = apply_checkpoint(
+            tensors,
+            meta,
+            models,
+            optimizers,
+            loader,
+            allow_other_data=check["allow_other_data"],
+            load_optimizer=load_optimizer,
+        )
         print(f"resumed from {path} at step {start}")
         return start
-    raise TrainError(f"no intact checkpoint in {ckpt_dir.directory}: every one was damaged (see the warnings above)")
+    raise TrainError(f"no intact checkpoint in {where}: every one was damaged (see the warnings above)")
 
 
 # ---- the loop's pieces ----------------------------------------------------------------------------------------
 
 
 class Progress:
-    """A one-line progress bar on a terminal's stderr; silent otherwise."""
+    """A one-line progress bar on a terminal's stderr (ours, not tqdm: the step lines go to stdout between bar
+    updates, which this clears and redraws); silent otherwise."""
 
-    def __init__(self, total):
-        self.total, self.start = total, time.time()
+    def __init__(self, total, start=0):
+        self.total, self.start, self.first = total, time.time(), start
         self.on = sys.stderr.isatty()
 
     def clear(self):
         if self.on:
             sys.stderr.write("\r\033[K")
 
-    def show(self, done):
+    def show(self, done, loss=None):
         if not self.on:
             return
         width = 30
         filled = int(width * done / self.total)
-        rate = (time.time() - self.start) / max(done, 1)
+        rate = (time.time() - self.start) / max(done - self.first, 1)
         eta = rate * (self.total - done)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} eta {eta:.0f}s")
+        tail = f" loss {loss:.4f}" if loss is not None else ""
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} eta {eta:.0f}s{tail}")
         sys.stderr.flush()
 
 
@@ -277,17 +454,19 @@ def average_gradients(models, comms):
     with it.distributed.group(comms[0].device):
         for m, comm in zip(models, comms, strict=True):
             for p in m.parameters():
-                it.distributed.all_reduce(comm, p.grad, "avg")
+                if p.grad is not None:
+                    it.distributed.all_reduce(comm, p.grad, "avg")
 
 
 @it.no_grad()
-def evaluate(model, loader, device, batches):
+def evaluate(model, loader, device, batches, autocast=False):
     """Mean loss over the first `batches` batches of `loader` (rewound first), on one device."""
     loader.load_state_dict({"epoch": 0, "position": 0})
     losses = []
     for _ in range(min(batches, loader.batches_per_epoch)):
         x, y = next(loader)
-        _, loss = model(it.from_numpy(x, device=device), it.from_numpy(y, device=device))
+        with it.amp.autocast(device, dtype="bfloat16", enabled=autocast):
+            _, loss = model(it.from_numpy(x, device=device), it.from_numpy(y, device=device))
         losses.append(loss.item())
     return float(np.mean(losses))
 
@@ -314,8 +493,34 @@ def check_vocab(path, loader, vocab_size, what):
 
 
 def check_finite(name, value, allow_zero=True):
+    if value is None:
+        return
     if not math.isfinite(value) or value < 0 or (not allow_zero and value == 0):
         raise UsageError(f"--{name}={value} must be finite and {'>=' if allow_zero else '>'} 0")
+
+
+def check_unsupported(values):
+    """Refuses, by name, InfiniTrain flags whose features are not implemented (their neutral value is fine)."""
+    for name, neutral, what in UNSUPPORTED:
+        if values[name] not in neutral:
+            raise UsageError(f"--{name}={values[name]}: {what} is not implemented yet")
+    if values["recompute_num_layers"] > 1:
+        raise UsageError(
+            f"--recompute_num_layers={values['recompute_num_layers']}: recompute regions of several layers are not "
+            "implemented yet (--activation_recompute recomputes each block)"
+        )
+
+
+def lora_checkpoint_config(model):
+    """The adapters' r, lora_alpha, lora_dropout and target_modules (as lora.save_adapters records them)."""
+    return dict(model._lora_config)
+
+
+def parse_range(text, flag):
+    try:
+        return precision.parse_steps(text, flag)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 # ---- main -----------------------------------------------------------------------------------------------------
@@ -324,19 +529,30 @@ def check_finite(name, value, allow_zero=True):
 def main(argv):
     if len(argv) > 1:
         raise UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if os.environ.get("BUILD_WORKING_DIRECTORY"):
-        os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])  # `bazel run`: paths are relative to the caller
     values = FLAGS.flag_values_dict()
-    run_defaults = {k: FLAGS[k].default for k in RUN_FLAGS}
-    run_defaults["n_devices"] = 1  # checkpoints from before --devices
-    for name in ("learning_rate", "weight_decay", "grad_clip"):
+    return train_from_values(
+        values, {k: FLAGS[k].default for k in RUN_FLAGS}, present={k for k in values if FLAGS[k].present}
+    )
+
+
+def train_from_values(values, run_defaults, present=()):
+    run_defaults = dict(run_defaults, n_devices=1)  # checkpoints from before --devices
+    for name in ("learning_rate", "weight_decay", "grad_clip", "lr_warmup_init", "min_lr", "lora_alpha"):
         check_finite(name, values[name])
-    if values["resume"] and not values["checkpoint_dir"]:
-        raise UsageError("--resume needs --checkpoint_dir")
+    check_unsupported(values)
+    if values["resume"] and not values["save"]:
+        raise UsageError("--resume needs --checkpoint_dir (or --save)")
+    if values["resume"] and values["load"]:
+        raise UsageError("--resume and --load: pick one (--resume continues --save exactly; --load may extend)")
     names = values["devices"].split(",") if values["devices"] else [values["device"]]
+    if values["nthread_per_process"] > 1:
+        if values["devices"]:
+            raise UsageError("--nthread_per_process and --devices both choose devices; pick one")
+        kind = it.runtime.parse_device(values["device"]).split(":")[0]
+        names = [f"{kind}:{i}" for i in range(values["nthread_per_process"])]
     devices = [it.runtime.parse_device(d) for d in names]
     if len(set(devices)) != len(devices):
-        raise UsageError(f"--devices must be distinct, got {values['devices']}")
+        raise UsageError(f"--devices must be distinct, got {','.join(names)}")
     n = len(devices)
     if n > 1 and not it.distributed.has_ccl(devices[0]):
         raise UsageError(f"--devices: {devices[0]} has no collective library, so no data-parallel training")
@@ -347,31 +563,61 @@ def main(argv):
             f"--total_batch_size={total} must be a multiple of batch_size*sequence_length*devices={B * T * n}"
         )
     accum = total // (B * T * n)
-
-    # Outputs first: a bad directory or log file fails now, not after hours of training.
-    ckpt_dir = CheckpointDir(values["checkpoint_dir"], values["keep_checkpoints"]) if values["checkpoint_dir"] else None
-    for path in ckpt_dir.removed if ckpt_dir else ():
-        print(f"removed {path} (left by an interrupted save)")
-    if ckpt_dir and not values["resume"] and ckpt_dir.checkpoints():
-        print(
-            f"warning: {ckpt_dir.directory} holds checkpoints of an earlier run (newest {ckpt_dir.checkpoints()[-1]}); "
-            "this run replaces them (--resume continues it instead)",
-            file=sys.stderr,
-        )
-    log = Log(values["log_file"])
     try:
+        schedule = Schedule(
+            values["learning_rate"],
+            style=values["lr_decay_style"],
+            warmup_iters=values["lr_warmup_iters"],
+            warmup_init=values["lr_warmup_init"],
+            min_lr=resolved_min_lr(values),
+            decay_iters=values["lr_decay_iters"] or values["num_iteration"],
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    prec_cfg = None
+    if values["precision_check"]:
+        try:
+            prec_cfg = precision.parse_config(values["precision_check"])
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    profile_steps = parse_range(values["profile_steps"], "--profile_steps") if values["profile_steps"] else None
+
+    # Outputs first: a bad directory or file fails now, not after hours of training.
+    ckpt_dir = CheckpointDir(values["save"], values["max_checkpoint_keep"]) if values["save"] else None
+    log = metrics = None
+    try:
+        for path in ckpt_dir.removed if ckpt_dir else ():
+            print(f"removed {path} (left by an interrupted save)")
+        if ckpt_dir and not values["resume"] and not values["load"] and ckpt_dir.checkpoints():
+            print(
+                f"warning: {ckpt_dir.directory} holds checkpoints of an earlier run (newest "
+                f"{ckpt_dir.checkpoints()[-1]}); this run replaces them (--resume continues it instead)",
+                file=sys.stderr,
+            )
+        log = Log(values["log_file"])
+        if values["metrics_file"]:
+            metrics_path = values["metrics_file"]
+        else:
+            run_dir = values["save"] or default_run_dir(values["model"])
+            metrics_path = os.path.join(run_dir, METRICS_NAME)
+        metrics = MetricsLog(
+            metrics_path, "--metrics_file" if values["metrics_file"] else "the metrics file", values["tensorboard_dir"]
+        )
+        run_dir = os.path.dirname(metrics_path) or "."
         # Signals from here on stop the run cleanly (a checkpoint is saved once training has started).
         with StopRequest() as stop:
-            return train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop)
+            return train(
+                values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, metrics, run_dir, stop,
+                prec_cfg=prec_cfg, profile_steps=profile_steps, present=present,
+            )  # fmt: skip
     finally:
-        log.close()
-        if ckpt_dir:
-            ckpt_dir.close()
+        for f in (log, metrics, ckpt_dir):
+            if f is not None:
+                f.close()
 
 
-def train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop):
-    n, device = len(devices), devices[0]
-    B, T = values["batch_size"], values["sequence_length"]
+def resolve_data(values):
+    """(train path, val path, tokenizer, token kind)."""
     if values["input_bin"]:
         train_path, val_path = values["input_bin"], values["input_val_bin"]
     else:
@@ -379,147 +625,234 @@ def train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop):
         val_path = values["input_val_bin"] or val_path
     tokenizer = None
     if values["tokenizer_bin"]:
-        try:
-            tokenizer = Tokenizer.load(values["tokenizer_bin"])
-        except ValueError as e:
-            raise UsageError(f"--tokenizer_bin: {e}") from None
+        try:  # an llm.c tokenizer file, or a Hugging Face tokenizer.json
+            tokenizer = models_registry.load_tokenizer(values["tokenizer_bin"])
+        except (ValueError, OSError) as e:
+            raise UsageError(f"--tokenizer_bin: {' '.join(str(e).split())}") from None
     if tokenizer is None and not values["input_bin"]:
         tokenizer = ByteTokenizer()
+    try:
+        kind = read_tokens_header(train_path)[0]
+    except (ValueError, OSError):
+        kind = None  # open_tokens reports it
+    return train_path, val_path, tokenizer, kind
+
+
+def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, metrics, run_dir, stop, **opts):
+    n, device = len(devices), devices[0]
+    B, T = values["batch_size"], values["sequence_length"]
+    num_iteration = values["num_iteration"]
+    train_path, val_path, tokenizer, kind = resolve_data(values)
 
     it.manual_seed(values["seed"])
     # One loader feeds every device: each micro-batch has B rows per device.
     loader = open_tokens("--input_bin", train_path, B * n, T, shuffle=True, seed=values["seed"])
     val_loader = None
-    if val_path and (values["val_every"] or values["input_val_bin"]):  # an explicit file is checked even if unused
+    if val_path and (values["val_loss_every"] or values["input_val_bin"]):  # an explicit file is checked even if unused
         val_loader = open_tokens("--input_val_bin", val_path, B * n, T, shuffle=False)
-    vocab = tokenizer.vocab_size if tokenizer is not None else max_token(loader) + 1
-    model_flags = {k: values[k] for k in ("llmc_filepath", "sequence_length", "n_layer", "n_head", "n_kv_head")}
-    models = [build_model(values["model"], vocab, device, n_embd=values["n_embd"], **model_flags)]
+    vocab, vocab_from = values["vocab_size"], "--vocab_size"
+    if vocab is None and tokenizer is not None:
+        vocab = tokenizer.vocab_size
+        vocab_from = f"--tokenizer_bin={values['tokenizer_bin']}" if values["tokenizer_bin"] else "the byte tokenizer"
+    present = opts["present"]
+    for flag in ("llmc_filepath", "init_from", "config_json"):
+        if values[flag] and "vocab_size" in present:
+            raise UsageError(f"--vocab_size conflicts with --{flag} (it fixes the vocabulary); drop it")
+    # Shape flags given: ours default to None, the models' (--intermediate_size, ...) count when set.
+    shape = {k: values[k] for k in model_registry.SHAPE_FLAGS if values[k] is not None}
+    shape = {k: v for k, v in shape.items() if k in ("n_layer", "n_head", "n_kv_head", "n_embd") or k in present}
+    try:
+        spec = model_registry.resolve(
+            values["model"],
+            shape=shape,
+            sequence_length=T,
+            vocab_size=vocab,
+            vocab_from=vocab_from,
+            llmc_filepath=values["llmc_filepath"],
+            token_kind=kind,
+            init_from=values["init_from"],
+            config_json=values["config_json"],
+        )
+    except model_registry.ModelChoiceError as e:
+        raise UsageError(str(e)) from None
+    lora_cfg = lora_settings(values)
+    try:
+        models, params = build_models(spec, devices, lambda m: apply_lora(m, spec.family.name, lora_cfg))
+    except (ValueError, FileNotFoundError) as e:  # a pretrained folder or config the models refuse
+        raise UsageError(" ".join(str(e).split())) from None
     model = models[0]
+    config = model_registry.config_dict(model)
     model_vocab = model.config.vocab_size
-    what = f"--tokenizer_bin={values['tokenizer_bin']}" if values["tokenizer_bin"] else "the model's"
-    if values["llmc_filepath"]:
-        what = f"--llmc_filepath={values['llmc_filepath']}"
+    what = f"--llmc_filepath={values['llmc_filepath']}" if values["llmc_filepath"] else spec.vocab_from or vocab_from
     for path, ld in ((train_path, loader), (val_path, val_loader)):
         if ld is not None:
             check_vocab(path, ld, model_vocab, what)
     if T > model.config.block_size:
         raise UsageError(f"--sequence_length={T} exceeds the model's block_size {model.config.block_size}")
-    if tokenizer is not None and tokenizer.vocab_size < model_vocab and values["sample_every"]:
+    if tokenizer is not None and tokenizer.vocab_size < model_vocab and values["freq_generate_txt"]:
         print(
             f"warning: no samples: the tokenizer's {tokenizer.vocab_size} tokens do not cover the model's {model_vocab}"
         )
         tokenizer = None
-    rng_state = it.random.default_generator.get_state()
-    for d in devices[1:]:  # replicas start as copies of the first model
-        replica = build_model(values["model"], vocab, d, n_embd=values["n_embd"], **model_flags)
-        replica.load_state_dict(model.state_dict())
-        models.append(replica)
-    it.random.default_generator.set_state(rng_state)
-    optimizers = [
-        it.optim.AdamW(
-            list(m.parameters()), lr=values["learning_rate"], betas=(0.9, 0.95), weight_decay=values["weight_decay"]
-        )
-        for m in models
-    ]
-    num_iteration = values["num_iteration"]
-    schedule = it.optim.WarmupCosine(optimizers[0], values["warmup_steps"], num_iteration)
+    if values["activation_recompute"]:
+        if not spec.family.recompute_ok(model.config):
+            raise UsageError(
+                "--activation_recompute is not implemented for mixture-of-experts models (the router's balancing "
+                "loss is a side output of each block's forward)"
+            )
+        for m in models:
+            recompute.enable(m, spec.family.blocks(m))
+    optimizers = [make_optimizer(p, values) for p in params]
     comms = it.distributed.init_all(devices) if n > 1 else None
-    run = run_settings(values, n)
+    run = run_settings(values, n, config)
     data = token_file_identity(train_path)
-    ckpt_args = {"model_name": values["model"], "run": run, "data": data}
+    family = spec.family.name
+    tok_name = values["tokenizer_bin"] or ("byte" if isinstance(tokenizer, ByteTokenizer) else "")
+    extra = {"model_config": {"family": family, "fields": config}, "tokenizer": tok_name}
+    if lora.lora_modules(model):  # sample and export rebuild the adapters before loading the weights
+        extra["lora"] = lora_checkpoint_config(model)
+    ckpt_args = {"model_name": family, "run": run, "data": data, "extra": extra}
+    ckpt_args["with_optimizer"] = values["save_optimizer_state"]
 
     start = 0
+    check = {"model_name": family, "run": run, "run_defaults": run_defaults, "data": data}
+    check["allow_other_data"] = values["allow_other_data"]
     if values["resume"]:
-        start = resume(
-            ckpt_dir,
-            models,
-            optimizers,
-            loader,
-            model_name=values["model"],
-            run=run,
-            run_defaults=run_defaults,
-            data=data,
-            allow_other_data=values["allow_other_data"],
-        )
+        start = resume(ckpt_dir.checkpoints(), ckpt_dir, models, optimizers, loader, where=ckpt_dir.directory,
+                       load_optimizer=values["load_optimizer_state"], **check)  # fmt: skip
+    elif values["load"]:
+        candidates = checkpoint_candidates(values["load"])
+        start = resume(candidates, ckpt_dir, models, optimizers, loader, where=values["load"], extend=True,
+                       load_optimizer=values["load_optimizer_state"], **check)  # fmt: skip
+        if start >= num_iteration:
+            raise UsageError(
+                f"--load: the checkpoint is at step {start}; pass a --num_iteration above it to extend the run"
+            )
     where = f"devices {','.join(devices)}" if n > 1 else f"device {device}"
     header = (
-        f"model {values['model']}: {model.num_parameters() / 1e6:.2f}M parameters | {where} | "
+        f"model {values['model']} ({family}): {model.num_parameters() / 1e6:.2f}M parameters | {where} | "
         f"dtype {values['dtype']} | "
         f"batch {B}x{T}{f' x {n} devices' if n > 1 else ''}, accumulation {accum} | {num_iteration} steps | "
         f"data {train_path}"
     )
     print(header)
+    print(f"metrics: {metrics.path}")
     log.write(header)
-    progress = Progress(num_iteration)
+    metrics.write(
+        {
+            "kind": "config",
+            "start_step": start,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "host": socket.gethostname(),
+            "argv": sys.argv[1:],
+            "devices": devices,
+            "provider": it.backends.available() if hasattr(it.backends, "available") else None,
+            "model": values["model"],
+            "family": family,
+            "model_config": config,
+            "parameters": model.num_parameters(),
+            "tokens_per_step": total,
+            "accumulation": accum,
+            "data": train_path,
+            "tokenizer": tok_name,
+            "flags": {k: v for k, v in values.items() if k not in ALIASES},
+            "run": run,
+        }
+    )
+    progress = Progress(num_iteration, start)
     autocast = values["dtype"] == "bfloat16"
     eot = tokenizer.eot if tokenizer is not None and tokenizer.eot is not None else 0
     last_saved = start or None
     done = start
 
-    for step in range(start, num_iteration):
-        if stop.signum:
-            break
-        t0 = time.time()
-        lr = schedule.get_lr(step)
-        for opt in optimizers:
-            opt.lr = lr
-            opt.zero_grad()
-        it.runtime.reset_peak_memory_stats(device)
-        loss_sums = [None] * n
-        for _ in range(accum):
-            x, y = next(loader)
-            for r, (d, m) in enumerate(zip(devices, models, strict=True)):
-                xr = it.from_numpy(x[r * B : (r + 1) * B], device=d)
-                yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
-                with it.amp.autocast(d, dtype="bfloat16", enabled=autocast):
-                    _, loss = m(xr, yr)
-                loss = loss * (1.0 / accum)
-                loss.backward()
-                loss_sums[r] = loss.detach() if loss_sums[r] is None else loss_sums[r] + loss.detach()
-        if n > 1:
-            average_gradients(models, comms)
-        norms = [it.optim.clip_grad_norm_(list(m.parameters()), values["grad_clip"] or None) for m in models]
-        for opt in optimizers:
-            opt.step()
-        train_loss = sum(ls.item() for ls in loss_sums) / n  # the step's host synchronisation
-        norm = norms[0].item()
-        ms = (time.time() - t0) * 1000
-        mem = it.runtime.max_memory_allocated(device) / 2**20
-        line = (
-            f"step {step + 1}/{num_iteration} | train loss {train_loss:.6f} | lr {lr:.2e} | "
-            f"norm {norm:.4f} | {ms:.1f} ms | {total / (ms / 1000):.0f} tok/s | mem {mem:.1f} MiB"
-        )
-        progress.clear()
-        print(line, flush=True)
-        log.write(line)
-        done = step + 1
-        if not (math.isfinite(train_loss) and math.isfinite(norm)) and not values["allow_nonfinite"]:
-            kept = f" (the checkpoint of step {last_saved} is intact)" if last_saved else ""
-            raise TrainError(
-                f"non-finite {'loss' if not math.isfinite(train_loss) else 'gradient norm'} at step {done} "
-                f"(loss {train_loss}, norm {norm}); stopped without saving{kept}. Lower --learning_rate, "
-                "or pass --allow_nonfinite to keep going"
+    recorder = None
+    if opts.get("prec_cfg"):
+        cfg = opts["prec_cfg"]
+        path = cfg["output_path"] or precision.default_path(run_dir)
+        try:
+            recorder = precision.Recorder(
+                path, cfg["steps"], level=cfg["level"], with_hash=cfg["hash"], device=device,
+                meta={"device": device, "dtype": values["dtype"], "model": values["model"], "argv": sys.argv[1:]},
+            )  # fmt: skip
+        except OSError as e:
+            raise UsageError(f"--precision_check output_path={path}: {e.strerror or e}") from None
+        recorder.attach(model)
+        print(f"precision check: steps {sorted(cfg['steps'])} into {path}")
+    profile_steps = opts.get("profile_steps")
+    prof = None
+
+    try:
+        for step in range(start, num_iteration):
+            if stop.signum:
+                break
+            if profile_steps and step + 1 == min(profile_steps):
+                prof = it.profiler.profile().__enter__()
+            mark = prof.mark(f"step {step + 1}") if prof is not None else _nullcontext()
+            with mark:
+                train_loss, norm, lr, ms = run_step(
+                    step, values, schedule, models, params, optimizers, loader, devices, accum, autocast, comms,
+                    recorder, prof,
+                )  # fmt: skip
+            if prof is not None and step + 1 == max(profile_steps):
+                prof.__exit__(None, None, None)
+                write_profile(prof, run_dir, values["profile_name"], profile_steps)
+                prof = None
+            mem = it.runtime.max_memory_allocated(device) / 2**20
+            line = (
+                f"step {step + 1}/{num_iteration} | train loss {train_loss:.6f} | lr {lr:.2e} | "
+                f"norm {norm:.4f} | {ms:.1f} ms | {total / (ms / 1000):.0f} tok/s | mem {mem:.1f} MiB"
             )
-        progress.show(done)
-        if (
-            val_loader is not None
-            and values["val_every"]
-            and (done % values["val_every"] == 0 or done == num_iteration)
-        ):
             progress.clear()
-            print(f"step {done} | val loss {evaluate(model, val_loader, device, values['val_batches']):.6f}")
-        every = values["checkpoint_every"]
-        if ckpt_dir and (done == num_iteration or (every and done % every == 0)):
-            save_checkpoint(ckpt_dir, done, model, optimizers[0], loader, **ckpt_args)
-            last_saved = done
-        if values["sample_every"] and tokenizer is not None and (done % values["sample_every"] == 0):
-            progress.clear()
-            text = sample(model, tokenizer.decode, eot, values["sample_length"], values["seed"])
-            print(f"--- sample at step {done} ---\n{text}\n---", flush=True)
+            print(line, flush=True)
+            log.write(line)
+            done = step + 1
+            record = {"kind": "step", "step": done, "train_loss": train_loss, "lr": lr, "grad_norm": norm, "ms": ms}
+            record["tokens_per_s"] = total / (ms / 1000)
+            record["tokens"] = done * total
+            record["mem_allocated_mib"] = it.runtime.memory_allocated(device) / 2**20
+            record["mem_peak_mib"] = mem
+            if not (math.isfinite(train_loss) and math.isfinite(norm)) and not values["allow_nonfinite"]:
+                metrics.write(record)
+                kept = f" (the checkpoint of step {last_saved} is intact)" if last_saved else ""
+                raise TrainError(
+                    f"non-finite {'loss' if not math.isfinite(train_loss) else 'gradient norm'} at step {done} "
+                    f"(loss {train_loss}, norm {norm}); stopped without saving{kept}. Lower --learning_rate, "
+                    "or pass --allow_nonfinite to keep going"
+                )
+            every_val = values["val_loss_every"]
+            pause = prof.pause if prof is not None else _nullcontext  # profiles hold training steps only
+            if val_loader is not None and every_val and (done % every_val == 0 or done == num_iteration):
+                with pause():
+                    record["val_loss"] = evaluate(model, val_loader, device, values["val_batches"], autocast)
+                progress.clear()
+                print(f"step {done} | val loss {record['val_loss']:.6f}")
+                log.write(f"step {done} | val loss {record['val_loss']:.6f}")
+            metrics.write(record)
+            progress.show(done, train_loss)
+            every = values["save_interval"]
+            if ckpt_dir and (done == num_iteration or (every and done % every == 0)):
+                with pause():
+                    save_checkpoint(ckpt_dir, done, model, optimizers[0], loader, **ckpt_args)
+                last_saved = done
+            if values["freq_generate_txt"] and tokenizer is not None and (done % values["freq_generate_txt"] == 0):
+                progress.clear()
+                with pause():
+                    text = sample(model, tokenizer.decode, eot, values["text_length"], values["seed"])
+                print(f"--- sample at step {done} ---\n{text}\n---", flush=True)
+    except BaseException as e:
+        status = "stopped" if isinstance(e, (KeyboardInterrupt, Stopped)) else "failed"
+        metrics.write({"kind": "end", "status": status, "step": done, "error": " ".join(str(e).split())[:500]})
+        raise
+    finally:
+        if prof is not None:  # the run ended inside the profiled range
+            prof.__exit__(None, None, None)
+            write_profile(prof, run_dir, values["profile_name"], profile_steps)
+        if recorder is not None:
+            recorder.close()
     progress.clear()
     if stop.signum and done < num_iteration:
         name = signal.Signals(stop.signum).name
+        metrics.write({"kind": "end", "status": "stopped", "step": done, "signal": name})
         if ckpt_dir and last_saved != done and done > 0:
             path = save_checkpoint(ckpt_dir, done, model, optimizers[0], loader, **ckpt_args)
             print(f"{name}: stopped at step {done}; saved {path} (continue with --resume)", flush=True)
@@ -528,16 +861,99 @@ def train(values, run_defaults, devices, accum, total, ckpt_dir, log, stop):
         else:
             print(f"{name}: stopped at step {done}; nothing saved (no --checkpoint_dir)", flush=True)
         raise Stopped(stop.signum)
+    metrics.write({"kind": "end", "status": "completed", "step": done})
+    if values["lora_save_path"]:
+        lora.save_adapters(model, values["lora_save_path"])
+        print(f"saved the LoRA adapters to {values['lora_save_path']}")
+    if recorder is not None and opts["prec_cfg"]["baseline"]:
+        result = precision.first_divergence(opts["prec_cfg"]["baseline"], recorder.path)
+        print(precision.format_divergence(result, "baseline", "this run"))
     return 0
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run_step(step, values, schedule, models, params, optimizers, loader, devices, accum, autocast, comms, rec, prof):
+    """One optimizer step on every replica; returns (train loss, gradient norm, lr, ms)."""
+    n, B = len(devices), values["batch_size"]
+    t0 = time.time()
+    lr = schedule(step)
+    for opt in optimizers:
+        opt.lr = lr
+        opt.zero_grad()
+    it.runtime.reset_peak_memory_stats(devices[0])
+    if values["overfit_single_batch"]:
+        loader.load_state_dict({"epoch": 0, "position": 0})
+    mark = prof.mark if prof is not None else (lambda name: _nullcontext())
+    recording = rec.step(step + 1) if rec is not None else _nullcontext()
+    phase = rec.phase if rec is not None else (lambda name: _nullcontext())
+    loss_sums = [None] * n
+    with recording:
+        for _ in range(accum):
+            x, y = next(loader)
+            for r, (d, m) in enumerate(zip(devices, models, strict=True)):
+                xr = it.from_numpy(x[r * B : (r + 1) * B], device=d)
+                yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
+                with mark("forward"), phase("forward"):
+                    with it.amp.autocast(d, dtype="bfloat16", enabled=autocast):
+                        _, loss = m(xr, yr)
+                    loss = loss * (1.0 / accum)
+                with mark("backward"), phase("backward"):
+                    loss.backward()
+                loss_sums[r] = loss.detach() if loss_sums[r] is None else loss_sums[r] + loss.detach()
+        with mark("optimizer"), phase("optimizer"):
+            if n > 1:
+                for p in params:  # an expert no token reached has no gradient; the all-reduce needs one
+                    models_registry.fill_missing_grads(p)
+                average_gradients(models, comms)
+            if rec is not None:
+                rec.record_tensors("grad", models[0].named_parameters(), grads=True)
+            norms = [it.optim.clip_grad_norm_(p, values["grad_clip"] or None) for p in params]
+            for opt in optimizers:
+                opt.step()
+            if rec is not None:
+                rec.record_tensors("param", models[0].named_parameters())
+        train_loss = sum(ls.item() for ls in loss_sums) / n  # the step's host synchronisation
+    norm = norms[0].item() if norms[0] is not None else 0.0
+    return train_loss, norm, lr, (time.time() - t0) * 1000
+
+
+def write_profile(prof, run_dir, name, steps):
+    """The profile's table (printed, and saved as Markdown) and Chrome trace, in the run directory."""
+    os.makedirs(run_dir, exist_ok=True)
+    table = prof.table(top=15)
+    span = f"{min(steps)}:{max(steps)}"
+    md = os.path.join(run_dir, f"{name}.profile.md")
+    with open(md, "w") as f:
+        f.write(f"Profile of steps {span} ({len(prof.records)} kernels)\n\n{table}\n")
+    trace = prof.export_chrome_trace(os.path.join(run_dir, f"{name}.trace.json"))
+    print(f"profile of steps {span}:\n{table}\nprofile: {md}, Chrome trace {trace} (open in Perfetto)", flush=True)
 
 
 def _one_line(e):
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def run():
+def _parse_flags(argv):
     try:
-        app.run(main)
+        return FLAGS(argv)
+    except flags.Error as e:
+        message = _one_line(e)
+        print(f"error: {message.removeprefix('ERROR:: ')}", file=sys.stderr)
+        sys.exit(2)
+
+
+def run():
+    if os.environ.get("BUILD_WORKING_DIRECTORY"):
+        os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])  # `bazel run`: paths (--flagfile too) are the caller's
+    try:
+        app.run(main, flags_parser=_parse_flags)
     except Stopped as e:
         sys.exit(128 + e.signum)
     except KeyboardInterrupt:

@@ -1,0 +1,49 @@
+"""Activation recompute (activation checkpointing): a block's forward runs without keeping its intermediate
+activations, and backward runs it again to get them. Memory for activations drops from every block's to one
+block's at a time, for about one more forward pass of compute.
+
+    model = GPT2(cfg)
+    enable(model, blocks=list(model.h))     # --activation_recompute does this for every transformer block
+"""
+
+from infinitrain import amp, autograd, dispatch
+from infinitrain.tensor import Tensor
+
+
+def checkpoint(fn, *args):
+    """fn(*args), recording one graph node whose backward recomputes fn with the autocast state of the forward.
+
+    Gradients of the parameters fn uses go straight into their .grad (they are leaves) during that backward.
+    fn must return one tensor and be deterministic (no dropout: the models here have none).
+    """
+    if not autograd.is_grad_enabled():
+        return fn(*args)
+    cast_dtype = amp.autocast_dtype()
+    with autograd.no_grad():
+        out = fn(*args)
+    if not isinstance(out, Tensor):
+        raise TypeError(f"activation recompute needs a block that returns one tensor, got {type(out).__name__}")
+    needs = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad]
+
+    def backward(grad):
+        inputs = list(args)
+        for i in needs:
+            inputs[i] = args[i].detach().requires_grad_()
+        with autograd.enable_grad(), amp.autocast(dtype=cast_dtype, enabled=cast_dtype is not None):
+            again = fn(*inputs)
+        autograd.backward(again, grad)
+        return tuple(inputs[i].grad for i in needs)
+
+    return dispatch.record(out, tuple(args[i] for i in needs), backward, "recompute")
+
+
+def enable(model, blocks):
+    """Makes each module in `blocks` recompute its forward in backward (in place; returns the model)."""
+    for block in blocks:
+        forward = block.forward
+
+        def recomputed(*args, _forward=forward):
+            return checkpoint(_forward, *args)
+
+        object.__setattr__(block, "forward", recomputed)
+    return model

@@ -1,0 +1,305 @@
+"""Every train CLI flag tested by its effect. Runs start from llm.c model files written by tests/numpy_models.py,
+so the initial weights are known; checkpoints give the weights and AdamW state after a step; the printed numbers
+are compared with float64 NumPy references or with AdamW's formula."""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import numpy_models as ref
+from harness import DEVICE, rng
+from infinitrain.data import DataLoader
+from infinitrain.runs import read_checkpoint
+
+V, C, NH, L, MAXT = 61, 32, 4, 2, 16
+T, B = 8, 4
+BETA1 = 0.9  # the CLI's AdamW betas are (0.9, 0.95)
+STEP = re.compile(r"^step (\d+)/(\d+) \| train loss (\S+) \| lr (\S+) \| norm (\S+) \|")
+
+
+def run_train(*flags, check=True):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("BUILD_WORKING_DIRECTORY", None)
+    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", "--sample_every=0", *flags]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def steps(stdout):
+    """step -> (loss, lr, norm) as printed."""
+    out = {}
+    for m in map(STEP.match, stdout.splitlines()):
+        if m:
+            out[int(m.group(1))] = tuple(float(m.group(k)) for k in (3, 4, 5))
+    return out
+
+
+def gpt2_forward(params):
+    return lambda x: ref.gpt2_forward(params, x, NH, V)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    """A GPT-2 llm.c file with known float32 weights: (path, params)."""
+    params = ref.to_f32(
+        ref.gpt2_random_params(rng(), vocab_size=V, padded_vocab_size=64, block_size=MAXT, n_layer=L, n_embd=C)
+    )
+    path = tmp_path / "model.bin"
+    path.write_bytes(ref.gpt2_llmc_bytes(params, block_size=MAXT, vocab_size=V, n_layer=L, n_head=NH, n_embd=C))
+    return str(path), params
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    path = tmp_path / "train.bin"
+    path.write_bytes(ref.tokens_bytes(rng().integers(0, V, size=1201)))
+    return str(path)
+
+
+def base(model_path, tokens_path, ckpt=None, **kw):
+    flags = {"llmc_filepath": model_path, "input_bin": tokens_path, "sequence_length": T, "batch_size": B}
+    flags.update(num_iteration=1, warmup_steps=0, learning_rate=0.01, weight_decay=0.0, grad_clip=0.0, seed=5)
+    if ckpt is not None:
+        flags["checkpoint_dir"] = ckpt
+    flags.update(kw)
+    return [f"--{k}={v}" for k, v in flags.items()]
+
+
+def ckpt_tensors(ckpt, step):
+    tensors, meta = read_checkpoint(os.path.join(ckpt, f"ckpt_{step:08d}.bin"))
+    assert meta["step"] == step
+    return tensors
+
+
+def model_tensors(tensors):
+    return {k[len("model.") :]: v.astype(np.float64) for k, v in tensors.items() if k.startswith("model.")}
+
+
+def first_batch(tokens_path, batch=B, seed=5):
+    return next(DataLoader(tokens_path, batch, T, shuffle=True, seed=seed))
+
+
+def assert_printed(printed, want, decimals, what):
+    # Printed with `decimals` digits: off by at most half a unit there, plus float32's own error.
+    assert abs(printed - want) <= 0.5 * 10**-decimals + 2e-6 * abs(want) + 1e-6, (what, printed, want)
+
+
+def test_llmc_filepath_starts_from_those_weights(model_file, tokens, tmp_path):
+    path, params = model_file
+    ckpt = str(tmp_path / "ckpt")
+    out = run_train(*base(path, tokens, ckpt, learning_rate=0.0)).stdout
+    x, y = first_batch(tokens)
+    loss, _, _ = steps(out)[1]
+    assert_printed(loss, ref.mean_cross_entropy(gpt2_forward(params)(x), y), 6, "step-1 loss")
+    # lr 0: the checkpoint holds the file's weights exactly.
+    got = model_tensors(ckpt_tensors(ckpt, 1))
+    np.testing.assert_array_equal(got["wte.weight"], params["wte"])
+    np.testing.assert_array_equal(got["h.1.attn.c_attn.bias"], params["layers"][1]["qkv_b"])
+    np.testing.assert_array_equal(got["ln_f.weight"], params["lnf_w"])
+
+
+def test_llama3_llmc_filepath(tokens, tmp_path):
+    c = dict(block_size=MAXT, vocab_size=V, n_layer=1, n_head=4, n_kv_head=2, n_embd=C, ffn_dim_multiplier=1.0)
+    c.update(multiple_of=16, norm_eps=1e-5, rope_theta=1e4, use_scaled_rope=False)
+    hidden = ref.llama3_hidden_dim(C, 1.0, 16)
+    gen = rng()
+    params = ref.to_f32(
+        ref.llama3_random_params(gen, vocab_size=V, n_layer=1, n_head=4, n_kv_head=2, n_embd=C, hidden_dim=hidden)
+    )
+    path = tmp_path / "llama.bin"
+    path.write_bytes(ref.llama3_llmc_bytes(params, c, "llmc"))
+    out = run_train(*base(str(path), tokens, learning_rate=0.0), "--model=llama3").stdout
+    x, y = first_batch(tokens)
+    assert_printed(steps(out)[1][0], ref.mean_cross_entropy(ref.llama3_forward(params, x, c), y), 6, "llama3 loss")
+
+
+def test_weight_decay_follows_adamw(model_file, tokens, tmp_path):
+    """AdamW's decoupled decay: p1 = p0 - lr * (wd * p0 + adam_update); the update is the same with and without
+    decay in the first step, so the two runs differ by exactly -lr * wd * p0 in every parameter."""
+    path, params = model_file
+    lr, wd = 0.01, 3.0
+    run_train(*base(path, tokens, str(tmp_path / "a"), learning_rate=lr, weight_decay=0.0))
+    run_train(*base(path, tokens, str(tmp_path / "b"), learning_rate=lr, weight_decay=wd))
+    plain, decayed = (model_tensors(ckpt_tensors(str(tmp_path / d), 1)) for d in "ab")
+    start = {
+        "wte.weight": params["wte"],
+        "ln_f.bias": params["lnf_b"],
+        "h.0.mlp.c_fc.weight": params["layers"][0]["fc_w"],
+    }
+    start["h.1.ln_2.weight"] = params["layers"][1]["ln2_w"]
+    for name, p0 in start.items():
+        np.testing.assert_allclose(decayed[name] - plain[name], -lr * wd * p0, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_grad_clip_bounds_the_applied_gradient(model_file, tokens, tmp_path):
+    """The printed norm is the norm before clipping; AdamW's first moment after one step is (1 - beta1) times the
+    gradient it was given, so its norm shows the clipped gradient: min(norm, clip)."""
+    path, _ = model_file
+    runs = {}
+    for clip in (0.0, 1e9, 0.05):
+        d = str(tmp_path / f"c{clip}")
+        out = run_train(*base(path, tokens, d, grad_clip=clip)).stdout
+        m = [v for k, v in ckpt_tensors(d, 1).items() if k.startswith("optim.m.")]
+        applied = math.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in m)) / (1 - BETA1)
+        runs[clip] = (steps(out)[1][2], applied)
+    norm = runs[0.0][0]
+    assert norm > 0.2  # well above the clip below
+    for clip, (printed, applied) in runs.items():
+        assert printed == norm, runs  # the same first gradient in every run
+        want = norm if clip in (0.0, 1e9) else clip * norm / (norm + 1e-6)
+        assert abs(applied - want) <= 1e-5 * want + 5e-5, (clip, applied, want)
+
+
+def periodic_tokens(tmp_path, period):
+    """Tokens repeating with the given period: every window of T tokens starting at a multiple of T is one of
+    period / T fixed rows, so batches of any size hold the same rows in the same proportions."""
+    phrase = rng().integers(0, V, size=period)
+    path = tmp_path / f"periodic{period}.bin"
+    path.write_bytes(ref.tokens_bytes(np.tile(phrase, 2400 // period + 1)))
+    return str(path)
+
+
+def test_gradient_accumulation_equals_the_large_batch(model_file, tmp_path):
+    """Two micro-batches of 2 rows accumulate the gradient of the mean loss over 4 rows: the same printed loss and
+    norm, and the same first moment in AdamW (0.1 times the gradient; the weights themselves are a poor witness:
+    Adam's first step moves each by about lr whatever the gradient's size)."""
+    path, params = model_file
+    data = periodic_tokens(tmp_path, 2 * T)  # rows alternate A, B: a 4-row batch is A B A B, a 2-row one A B
+    big = run_train(*base(path, data, str(tmp_path / "big"), batch_size=4, grad_clip=1.0)).stdout
+    acc = run_train(*base(path, data, str(tmp_path / "acc"), batch_size=2, total_batch_size=4 * T, grad_clip=1.0))
+    assert "accumulation 1" in big and "accumulation 2" in acc.stdout
+    (loss, _, norm), (loss2, _, norm2) = steps(big)[1], steps(acc.stdout)[1]
+    x, y = first_batch(data)
+    assert_printed(loss, ref.mean_cross_entropy(gpt2_forward(params)(x), y), 6, "step-1 loss")
+    assert abs(loss2 - loss) <= 2e-6, (loss, loss2)  # the mean loss, not the sum over micro-batches
+    assert abs(norm2 - norm) <= 1e-4 + 1e-5 * norm, (norm, norm2)  # the gradient of the mean
+    ma, mb = (ckpt_tensors(str(tmp_path / d), 1) for d in ("big", "acc"))
+    for name in (k for k in ma if k.startswith("optim.m.")):
+        np.testing.assert_allclose(mb[name], ma[name], rtol=1e-5, atol=1e-8, err_msg=name)
+
+
+def test_learning_rate_and_warmup_schedule(model_file, tokens):
+    """Printed lr: linear warmup to --learning_rate over --warmup_steps, then a cosine down to a tenth of it."""
+    path, _ = model_file
+    lr, warmup, n = 0.004, 3, 8
+    out = steps(run_train(*base(path, tokens, learning_rate=lr, warmup_steps=warmup, num_iteration=n)).stdout)
+    for s in range(n):
+        if s < warmup:
+            want = lr * (s + 1) / warmup
+        else:
+            want = 0.1 * lr + 0.5 * (1 + math.cos(math.pi * (s - warmup) / (n - warmup))) * 0.9 * lr
+        assert abs(out[s + 1][1] - want) <= 0.006 * want, (s, out[s + 1][1], want)  # printed to 3 digits
+
+
+def test_sampling_uses_the_tokenizer_and_the_model(model_file, tokens, tmp_path):
+    """A sample at step 1 is the tokenizer's decoding of tokens drawn (top-k 40, temperature 1, seeded with --seed)
+    from the model's distribution after step 1, starting from the end-of-text token."""
+    import infinitrain as it
+    from infinitrain.models import GPT2
+
+    path, _ = model_file
+    pieces = [f"<{i}>".encode() for i in range(V)]
+    eot = 17
+    tok = tmp_path / "tok.bin"
+    tok.write_bytes(ref.tokenizer_bytes(pieces, eot))
+    ckpt = str(tmp_path / "ckpt")
+    out = run_train(*base(path, tokens, ckpt), f"--tokenizer_bin={tok}", "--sample_every=1", "--sample_length=6").stdout
+    m = re.search(r"--- sample at step 1 ---\n(.*)\n---", out)
+    assert m, out
+    sampled = [int(t) for t in re.findall(r"<(\d+)>", m.group(1))]
+    assert "".join(f"<{t}>" for t in sampled) == m.group(1) and len(sampled) == 6
+    # The same draw from the step-1 weights.
+    model = GPT2.from_llmc(path, DEVICE)
+    model.load_state_dict(model_tensors(ckpt_tensors(ckpt, 1)))
+    draw = np.random.default_rng(5)
+    seq = [eot]
+    for _ in range(6):
+        logits = model(it.from_numpy(np.array([seq]), device=DEVICE))[0].numpy()[0, -1].astype(np.float64)
+        kth = np.sort(logits)[-40]
+        logits = np.where(logits < kth, -np.inf, logits)
+        p = np.exp(logits - logits.max())
+        seq.append(int(draw.choice(V, p=p / p.sum())))
+    assert sampled == seq[1:]
+
+
+def test_log_file_gets_the_header_and_step_lines(model_file, tokens, tmp_path):
+    path, _ = model_file
+    log = tmp_path / "train.log"
+    out = run_train(*base(path, tokens, num_iteration=3), f"--log_file={log}").stdout
+    printed = [line for line in out.splitlines() if line.startswith(("model ", "step "))]
+    assert len(printed) == 4 and log.read_text().splitlines() == printed
+    again = run_train(*base(path, tokens, num_iteration=2), f"--log_file={log}").stdout
+    printed += [line for line in again.splitlines() if line.startswith(("model ", "step "))]
+    assert log.read_text().splitlines() == printed  # appended
+
+
+def test_validation_loss_is_the_mean_over_val_batches(model_file, tokens, tmp_path):
+    path, _ = model_file
+    val = tmp_path / "val.bin"
+    val_tokens = rng().integers(0, V, size=5 * B * T + 1)
+    val.write_bytes(ref.tokens_bytes(val_tokens))
+    ckpt = str(tmp_path / "ckpt")
+    flags = base(path, tokens, ckpt, num_iteration=3, checkpoint_every=1, keep_checkpoints=3)
+    out = run_train(*flags, f"--input_val_bin={val}", "--val_every=2", "--val_batches=2").stdout
+    printed = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step (\d+) \| val loss (\S+)$", out, re.M)}
+    assert sorted(printed) == [2, 3]  # every 2 steps, and at the end
+    for s, loss in printed.items():
+        w = model_tensors(ckpt_tensors(ckpt, s))
+        params = {"wte": w["wte.weight"], "wpe": w["wpe.weight"], "lnf_w": w["ln_f.weight"], "lnf_b": w["ln_f.bias"]}
+        params["layers"] = [
+            {k: w[f"h.{i}.{n}"] for k, n in zip(ref.GPT2_LAYER_KEYS, GPT2_NAMES, strict=True)} for i in range(L)
+        ]
+        chunks = val_tokens[: 2 * B * T + 1]  # the first two batches, in file order
+        want = np.mean(
+            [
+                ref.mean_cross_entropy(
+                    gpt2_forward(params)(chunks[j : j + B * T].reshape(B, T)),
+                    chunks[j + 1 : j + B * T + 1].reshape(B, T),
+                )
+                for j in (0, B * T)
+            ]
+        )
+        assert_printed(loss, want, 6, f"val loss at step {s}")
+
+
+GPT2_NAMES = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight")
+GPT2_NAMES += ("attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias")
+GPT2_NAMES += ("mlp.c_proj.weight", "mlp.c_proj.bias")
+
+
+def test_dtype_bfloat16_autocasts(model_file, tokens):
+    path, params = model_file
+    f32 = steps(run_train(*base(path, tokens, num_iteration=2)).stdout)
+    out = run_train(*base(path, tokens, num_iteration=2, dtype="bfloat16")).stdout
+    assert "dtype bfloat16" in out
+    bf = steps(out)
+    x, y = first_batch(tokens)
+    want = ref.mean_cross_entropy(gpt2_forward(params)(x), y)
+    assert_printed(f32[1][0], want, 6, "float32 loss")
+    # bfloat16 matmuls: off by bfloat16 rounding (rtol 1.6e-2), but not float32's result.
+    assert abs(bf[1][0] - want) <= 1.6e-2 * want and bf[1][0] != f32[1][0], (bf, f32, want)
+
+
+def test_fresh_model_flags_shape_the_model(tokens, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    flags = ["--model=llama3", f"--input_bin={tokens}", "--sequence_length=8", "--batch_size=2", "--num_iteration=1"]
+    run_train(*flags, "--n_layer=3", "--n_head=4", "--n_kv_head=1", "--n_embd=48", f"--checkpoint_dir={ckpt}")
+    w = model_tensors(ckpt_tensors(ckpt, 1))
+    assert sorted({k.split(".")[1] for k in w if k.startswith("h.")}) == ["0", "1", "2"]
+    assert w["h.0.attn.c_attn.weight"].shape == ((4 + 2 * 1) * 12, 48)  # 4 query heads, 1 kv head, head dim 12
+    vocab = int(np.fromfile(tokens, dtype="<u2", offset=1024).max()) + 1  # a fresh model covers the data's ids
+    assert w["wte.weight"].shape == (vocab, 48)
+
+
+def test_seed_sets_initialisation_and_data_order(tokens):
+    flags = [f"--input_bin={tokens}", "--sequence_length=8", "--batch_size=2", "--num_iteration=2", "--n_layer=1"]
+    flags += ["--n_embd=32", "--n_head=2"]
+    a, b = (steps(run_train(*flags, f"--seed={s}").stdout) for s in (1, 2))
+    assert a[1] != b[1] and a[2] != b[2]  # (that one seed repeats a run bit for bit: test_models, test_train)
