@@ -7,6 +7,29 @@ x = it.randn(4, 8, requires_grad=True)
 
 import os as _os
 
+
+def _preload_blas():
+    """Loads the scipy-openblas32 wheel's OpenBLAS (the core links it by soname) before the core, with
+    OPENBLAS_NUM_THREADS=1 while it initialises: its thread pool would otherwise start one idle thread per
+    core, and the kernels thread with OpenMP instead (infinitrain/kernels/cpu/blas.h)."""
+    import ctypes
+
+    try:
+        import scipy_openblas32
+    except ImportError:
+        return  # the dynamic loader then looks for it by soname and names it if it is missing
+    old = _os.environ.get("OPENBLAS_NUM_THREADS")
+    _os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        ctypes.CDLL(_os.path.join(scipy_openblas32.get_lib_dir(), "libscipy_openblas.so"), mode=ctypes.RTLD_GLOBAL)
+    finally:
+        if old is None:
+            del _os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            _os.environ["OPENBLAS_NUM_THREADS"] = old
+
+
+_preload_blas()
 try:
     from infinitrain import _C  # noqa: F401, I001  (the native core loads first)
 except ImportError as _e:
