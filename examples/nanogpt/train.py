@@ -36,6 +36,7 @@ p.add_argument("--learning_rate", type=float, default=1e-3)
 p.add_argument("--min_lr", type=float, default=1e-4)
 p.add_argument("--warmup_iters", type=int, default=10)
 p.add_argument("--max_iters", type=int, default=200)
+p.add_argument("--stop_after", type=int, default=0, help="stop (after saving) at this iteration, to resume later")
 p.add_argument("--weight_decay", type=float, default=0.1)
 p.add_argument("--grad_clip", type=float, default=1.0)
 p.add_argument("--gradient_accumulation_steps", type=int, default=1)
@@ -63,6 +64,14 @@ def get_batch(name):
     x = it.stack([it.from_numpy(d[i : i + args.block_size]) for i in ix])
     y = it.stack([it.from_numpy(d[i + 1 : i + 1 + args.block_size]) for i in ix])
     return x.to(args.device, non_blocking=True), y.to(args.device, non_blocking=True)
+
+
+def next_train_batch():
+    """The next training batch; remembers the generator's state before it, which a checkpoint stores, so a
+    resumed run draws the batch that was fetched ahead but not yet used."""
+    global batch_state
+    batch_state = gen.get_state()
+    return get_batch("train")
 
 
 iter_num, best_val_loss = 0, 1e9
@@ -116,7 +125,7 @@ def get_lr(i):
     return args.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (args.learning_rate - args.min_lr)
 
 
-X, Y = get_batch("train")
+X, Y = next_train_batch()
 t0 = time.time()
 while iter_num < args.max_iters:
     lr = get_lr(iter_num)
@@ -131,7 +140,7 @@ while iter_num < args.max_iters:
         with ctx:
             logits, loss = model(X, Y)
             loss = loss / args.gradient_accumulation_steps
-        X, Y = get_batch("train")  # the next batch while this one's backward runs (on an asynchronous device)
+        X, Y = next_train_batch()  # the next batch while this one's backward runs (on an asynchronous device)
         scaler.scale(loss).backward()
     if args.grad_clip != 0.0:
         scaler.unscale_(optimizer)
@@ -143,20 +152,23 @@ while iter_num < args.max_iters:
     t1 = time.time()
     print(f"iter {iter_num}: loss {loss.item() * args.gradient_accumulation_steps:.6f}, time {(t1 - t0) * 1000:.1f}ms")
     t0 = t1
-    if ckpt_path and (iter_num % args.eval_interval == 0 or iter_num == args.max_iters):
+    if ckpt_path and (iter_num % args.eval_interval == 0 or iter_num in (args.max_iters, args.stop_after)):
         state = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "model_args": model_args,
             "iter_num": iter_num,
             "best_val_loss": best_val_loss,
-            "generator": gen.get_state(),
+            "generator": batch_state,
         }
         it.save(state, ckpt_path)
         print(f"saved {ckpt_path}")
+    if iter_num == args.stop_after:
+        break
 
 if args.sample_tokens:
     model.eval()
-    start = it.full((1, 1), ByteTokenizer.eot, dtype=it.long, device=args.device)
+    eot = ByteTokenizer.eot if model_args["vocab_size"] > ByteTokenizer.eot else 0
+    start = it.full((1, 1), eot, dtype=it.long, device=args.device)
     out = model.generate(start, args.sample_tokens, temperature=0.8, top_k=40, generator=it.Generator(args.seed))
     print(ByteTokenizer().decode(out[0, 1:].tolist()))
