@@ -26,7 +26,12 @@ def _script():
 def _run(*args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     p = subprocess.run(
-        [sys.executable, _script(), *args], capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL
+        [sys.executable, _script(), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
     )
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
