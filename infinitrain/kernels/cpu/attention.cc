@@ -24,6 +24,7 @@
 
 #include "infinitrain/kernels/cpu/blas.h"
 #include "infinitrain/kernels/cpu/common.h"
+#include "infinitrain/kernels/cpu/fastmath.h"
 
 namespace infinitrain::cpu {
 namespace {
@@ -180,8 +181,9 @@ void SdpaForward(KernelContext& ctx) {
             C mx = -INFINITY;
             for (int64_t s = 0; s < n; ++s) mx = std::fmax(mx, row[s]);
             double sum = 0;  // the denominator accumulates in double
+#pragma omp simd reduction(+ : sum)
             for (int64_t s = 0; s < n; ++s) {
-                row[s] = std::exp(row[s] - mx);
+                row[s] = Exp(row[s] - mx);
                 sum += row[s];
             }
             C inv = static_cast<C>(1.0 / sum);
@@ -278,7 +280,9 @@ void SdpaBackward(KernelContext& ctx) {
             for (int64_t t = 0; t < d.T; ++t) {
                 C* row = P + t * d.S;
                 int64_t n = causal ? t + 1 : d.S;
-                for (int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - lh[t]);
+                const C l = lh[t];
+#pragma omp simd
+                for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - l);
                 for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
             }
             Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);  // dv += P^T dO

@@ -37,4 +37,8 @@ INFINITRAIN_ALWAYS_INLINE float ExpF(float x) {
     return x != x ? x : out;
 }
 
+// exp in a kernel's compute type: ExpF for float (bfloat16, float16), libm for double.
+INFINITRAIN_ALWAYS_INLINE float Exp(float x) { return ExpF(x); }
+INFINITRAIN_ALWAYS_INLINE double Exp(double x) { return std::exp(x); }
+
 }  // namespace infinitrain::cpu

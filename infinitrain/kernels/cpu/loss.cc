@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "infinitrain/kernels/cpu/common.h"
+#include "infinitrain/kernels/cpu/fastmath.h"
 
 namespace infinitrain::cpu {
 namespace {
@@ -55,7 +56,8 @@ void CrossEntropyKernel(KernelContext& ctx) {
                     S mx = -INFINITY;
                     for (int64_t j = 0; j < vocab; ++j) mx = std::fmax(mx, Load(row + j));
                     double sum = 0;
-                    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(Load(row + j) - mx);
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t j = 0; j < vocab; ++j) sum += Exp(Load(row + j) - mx);
                     lse = mx + std::log(sum);
                 }
                 lp[r] = static_cast<S>(lse);
@@ -122,8 +124,9 @@ void CrossEntropyBackwardKernel(KernelContext& ctx) {
                     continue;
                 }
                 double lse = lp[r];
+#pragma omp simd
                 for (int64_t j = 0; j < vocab; ++j) {
-                    double p = std::exp(static_cast<S>(Load(row + j) - lse));
+                    double p = Exp(static_cast<S>(Load(row + j) - lse));
                     Store(drow + j, static_cast<S>(coef * (p - (j == tp[r] ? 1.0 : 0.0))));
                 }
             }
