@@ -156,9 +156,17 @@ def getitem(x, index):
     """Indexing as in PyTorch: ints, slices (step > 0), None, ..., one integer index (a list, array or integer
     tensor, any shape: its dims replace the indexed dim) and boolean masks (which read the mask to the host,
     since the result's size depends on it)."""
-    index = _expand_ellipsis(x, index)
-    if any(_is_advanced(i) for i in index):
-        return _advanced_getitem(x, index)
+    if type(index) is tuple:  # noqa: E721 (exact type: the common cases skip the scans below)
+        if any(i is Ellipsis for i in index):
+            index = _expand_ellipsis(x, index)
+        if any(_is_advanced(i) for i in index):
+            return _advanced_getitem(x, index)
+    elif type(index) in (int, builtins.slice):
+        index = (index,)
+    else:
+        index = _expand_ellipsis(x, index)
+        if _is_advanced(index[0]):
+            return _advanced_getitem(x, index)
     out, dim, new_shape = x, 0, []
     for i in index:
         if i is None:
