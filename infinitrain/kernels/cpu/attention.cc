@@ -195,13 +195,16 @@ void SdpaForward(KernelContext& ctx) {
             C* row = sc + t * d.S;
             int64_t n = causal ? t + 1 : d.S;
             C mx = -INFINITY;
-            for (int64_t s = 0; s < n; ++s) mx = std::fmax(mx, row[s]);
-            double sum = 0;  // the denominator accumulates in double
+            // A compare, not std::fmax (a libm call per element here); NaN is skipped either way.
+#pragma omp simd reduction(max : mx)
+            for (int64_t s = 0; s < n; ++s) mx = row[s] > mx ? row[s] : mx;
+                // Two loops: exp in the compute type, then the denominator in double (mixed widths in one loop
+                // do not vectorise).
+#pragma omp simd
+            for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - mx);
+            double sum = 0;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t s = 0; s < n; ++s) {
-                row[s] = Exp(row[s] - mx);
-                sum += row[s];
-            }
+            for (int64_t s = 0; s < n; ++s) sum += row[s];
             C inv = static_cast<C>(1.0 / sum);
             for (int64_t s = 0; s < n; ++s) row[s] *= inv;
             for (int64_t s = n; s < d.S; ++s) row[s] = C(0);

@@ -33,8 +33,7 @@ INFINITRAIN_ALWAYS_INLINE float ExpF(float x) {
     float s1, s2;
     std::memcpy(&s1, &b1, sizeof s1);
     std::memcpy(&s2, &b2, sizeof s2);
-    float out = y * s1 * s2;
-    return x != x ? x : out;
+    return y * s1 * s2;  // NaN: the clamps keep it, so r and y are NaN
 }
 
 // exp in a kernel's compute type: ExpF for float (bfloat16, float16), libm for double.
