@@ -1,4 +1,5 @@
-"""Tests for infinitrain.checkpoint: the container format, atomic writes and llm.c model files."""
+"""Tests for infinitrain.checkpoint: the safetensors checkpoint format, the format-1 container it replaced (still
+read), atomic writes and llm.c model files."""
 
 import hashlib
 import json
@@ -75,10 +76,107 @@ def test_save_normalizes_layout_and_byte_order(tmp_path):
     assert meta == {"step": 3, "loss": 0.5}
 
 
-def test_file_layout_is_byte_exact(tmp_path):
+def _st_header(raw):
+    (n,) = struct.unpack_from("<Q", raw)
+    return n, json.loads(raw[8 : 8 + n])
+
+
+def test_file_is_safetensors_with_meta_and_digest(tmp_path):
+    """Format 2: a safetensors file (BF16 for bfloat16 bits) that the safetensors package reads, the meta as JSON
+    text in __metadata__ and a SHA-256 over the canonical header and the data."""
+    from safetensors.numpy import load_file
+
+    tensors, meta = _random_tensors(), _random_meta()
+    bf16 = {"t5.<u2"}
+    path = tmp_path / "l.safetensors"
+    ckpt.save(path, tensors, meta, bf16=bf16)
+    raw = path.read_bytes()
+    n, header = _st_header(raw)
+    assert n % 8 == 0
+    md = header.pop("__metadata__")
+    assert json.loads(md["infinitrain.meta"]) == meta and md["infinitrain.format"] == "2"
+    names = {"<f4": "F32", "<f8": "F64", "<f2": "F16", "<i8": "I64", "<i4": "I32", "<u2": "U16", "|u1": "U8"}
+    names["|b1"] = "BOOL"
+    pos = 0
+    for name, arr in tensors.items():
+        e = header[name]
+        assert e["dtype"] == ("BF16" if name in bf16 else names[arr.dtype.str]) and e["shape"] == list(arr.shape)
+        assert e["data_offsets"] == [pos, pos + arr.nbytes]
+        assert raw[8 + n + pos : 8 + n + pos + arr.nbytes] == arr.tobytes()
+        pos += arr.nbytes
+    assert len(raw) == 8 + n + pos and list(header) == list(tensors)
+    canon = {"__metadata__": {k: v for k, v in md.items() if k != "infinitrain.sha256"}, **header}
+    text = json.dumps(canon, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    assert md["infinitrain.sha256"] == hashlib.sha256(text + raw[8 + n :]).hexdigest()
+    other = {k: v for k, v in tensors.items() if k not in bf16}
+    path2 = tmp_path / "plain.safetensors"
+    ckpt.save(path2, other, meta)
+    got = load_file(str(path2))  # read by the safetensors package itself
+    for name, arr in other.items():
+        np.testing.assert_array_equal(got[name], arr)
+
+
+def _saved_v2(tmp_path):
+    path = tmp_path / "x.safetensors"
+    ckpt.save(path, _random_tensors(), _random_meta())
+    return path, path.read_bytes()
+
+
+def test_flipped_data_byte_fails_checksum_and_header_edits_are_refused(tmp_path):
+    path, raw = _saved_v2(tmp_path)
+    n, _ = _st_header(raw)
+    for _ in range(8):
+        bad = bytearray(raw)
+        bad[int(rng.integers(8 + n, len(raw)))] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(bad))
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: checkpoint is corrupt: SHA-256 checksum"):
+            ckpt.load(path)
+    _, header = _st_header(raw)
+    md = header["__metadata__"]
+    md["infinitrain.meta"] = md["infinitrain.meta"].replace('"step": ', '"step": 1')  # valid JSON, other meta
+    body = json.dumps(header).encode()
+    body += b" " * (-len(body) % 8)
+    path.write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n :])
+    with pytest.raises(ValueError, match=r"checkpoint is corrupt: SHA-256 checksum"):
+        ckpt.load(path)
+    del md["infinitrain.sha256"]
+    body = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + n :])
+    with pytest.raises(ValueError, match=r"no infinitrain.sha256"):
+        ckpt.load(path)
+    assert ckpt.load(path, require_checksum=False)[1]["step"] != 0  # other tools' files load on request
+
+
+def test_truncated_and_extended(tmp_path):
+    path, raw = _saved_v2(tmp_path)
+    cuts = {0, 5, 8, 31, len(raw) - 1} | {int(c) for c in rng.integers(1, len(raw), size=20)}
+    for keep in sorted(cuts):
+        path.write_bytes(raw[:keep])
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}: checkpoint is truncated"):
+            ckpt.load(path)
+    path.write_bytes(raw + b"\x00")
+    with pytest.raises(ValueError, match=r"checkpoint is corrupt: .*\(1 extra\)"):
+        ckpt.load(path)
+    path.write_bytes(b"NOTACKPT" + raw[8:])
+    with pytest.raises(ValueError, match=r"checkpoint is corrupt: not a safetensors or infinitrain checkpoint"):
+        ckpt.load(path)
+
+
+def test_v1_checkpoints_still_load(tmp_path):
+    """Format 1 (the container before safetensors) is read as before."""
+    tensors, meta = _random_tensors(), _random_meta()
+    ckpt._save_v1(tmp_path / "old.bin", tensors, meta)
+    got, got_meta = ckpt.load(tmp_path / "old.bin")
+    assert got_meta == meta and list(got) == list(tensors)
+    for name, arr in tensors.items():
+        assert got[name].dtype == arr.dtype and got[name].shape == arr.shape, name
+        np.testing.assert_array_equal(got[name], arr)
+
+
+def test_v1_file_layout_is_byte_exact(tmp_path):
     tensors, meta = _random_tensors(), _random_meta()
     path = tmp_path / "l.ckpt"
-    ckpt.save(path, tensors, meta)
+    ckpt._save_v1(path, tensors, meta)
     raw = path.read_bytes()
     magic, version, reserved, hlen, dsize = struct.unpack_from("<8sIIQQ", raw)
     assert (magic, version, reserved) == (b"INFTCKPT", 1, 0)
@@ -101,11 +199,11 @@ def test_file_layout_is_byte_exact(tmp_path):
 
 def _saved(tmp_path):
     path = tmp_path / "x.ckpt"
-    ckpt.save(path, _random_tensors(), _random_meta())
+    ckpt._save_v1(path, _random_tensors(), _random_meta())
     return path, path.read_bytes()
 
 
-def test_flipped_payload_byte_fails_checksum(tmp_path):
+def test_v1_flipped_payload_byte_fails_checksum(tmp_path):
     path, raw = _saved(tmp_path)
     hlen, dsize = struct.unpack_from("<QQ", raw, 16)
     data_start = -(-(32 + hlen) // 64) * 64
@@ -118,21 +216,14 @@ def test_flipped_payload_byte_fails_checksum(tmp_path):
             ckpt.load(path)
 
 
-def test_bad_magic(tmp_path):
-    path, raw = _saved(tmp_path)
-    path.write_bytes(b"NOTACKPT" + raw[8:])
-    with pytest.raises(ValueError, match=r"checkpoint is corrupt: bad magic"):
-        ckpt.load(path)
-
-
-def test_bad_version(tmp_path):
+def test_v1_bad_version(tmp_path):
     path, raw = _saved(tmp_path)
     path.write_bytes(raw[:8] + struct.pack("<I", 2) + raw[12:])
     with pytest.raises(ValueError, match=r"checkpoint is corrupt: unsupported format version 2"):
         ckpt.load(path)
 
 
-def test_truncated(tmp_path):
+def test_v1_truncated(tmp_path):
     path, raw = _saved(tmp_path)
     cuts = {0, 5, 8, 31, 32, len(raw) - 1} | {int(c) for c in rng.integers(1, len(raw), size=20)}
     for keep in sorted(cuts):
@@ -141,7 +232,7 @@ def test_truncated(tmp_path):
             ckpt.load(path)
 
 
-def test_trailing_bytes(tmp_path):
+def test_v1_trailing_bytes(tmp_path):
     path, raw = _saved(tmp_path)
     path.write_bytes(raw + b"\x00")
     with pytest.raises(ValueError, match=r"checkpoint is corrupt: .*\(1 extra\)"):

@@ -125,7 +125,10 @@ def _both_paths(fn, *arrays):
         (F.gelu, [(3, 9)]),
         (lambda x, w: F.rms_norm(x, w, 1e-5), [(3, 9), (9,)]),
         (F.swiglu, [(3, 9), (3, 9)]),
-        (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, True), [(2, 4, 5, 8), (2, 2, 5, 8), (2, 2, 5, 8)]),
+        (
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            [(2, 4, 5, 8), (2, 2, 5, 8), (2, 2, 5, 8)],
+        ),
     ],
 )
 def test_autograd_through_composites(fn, shapes):

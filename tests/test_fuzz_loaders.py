@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 DEVICE = os.environ.get("INFINITRAIN_TEST_DEVICE", "cpu")
-FORMATS = ("gpt2", "llama3", "llama3_llmc", "tokens", "tokenizer", "checkpoint")
+FORMATS = ("gpt2", "llama3", "llama3_llmc", "tokens", "tokenizer", "checkpoint", "checkpoint_v1")
 SEED = 20240917
 CI_COUNT = 2000  # per format: about 10 s for all six on a 2-core machine
 MEMORY_CAP = 3 << 30  # bytes of address space above the child's start
@@ -68,6 +68,8 @@ def make_seeds(directory):
     meta = {"step": 3, "optimizer": {"step": 3, "lr": 1e-3}, "loader": {"epoch": 0, "position": 1}}
     meta.update(generator={"seed": 1, "offset": 5}, model="gpt2", run={"batch_size": 4})
     checkpoint.save(paths["checkpoint"], tensors, meta)
+    paths["checkpoint_v1"] = os.path.join(directory, "ckpt_v1.bin")  # the format before safetensors
+    checkpoint._save_v1(paths["checkpoint_v1"], tensors, meta)
     out = {}
     for k, p in paths.items():
         with open(p, "rb") as f:
@@ -103,7 +105,7 @@ def load(fmt, path):
         tok = Tokenizer.load(path)
         tok.decode(list(range(min(tok.vocab_size, 300))))
         return tok.vocab_size
-    if fmt == "checkpoint":
+    if fmt in ("checkpoint", "checkpoint_v1"):
         from infinitrain import runs
 
         tensors, meta = checkpoint.load(path)
@@ -117,8 +119,10 @@ def load(fmt, path):
 def header_bytes(fmt, data):
     if fmt == "llama3_llmc":
         return 2048
-    if fmt == "checkpoint":
+    if fmt == "checkpoint_v1":
         return min(len(data), 32 + struct.unpack_from("<Q", data, 16)[0]) if len(data) >= 24 else len(data)
+    if fmt == "checkpoint":
+        return min(len(data), 8 + struct.unpack_from("<Q", data)[0]) if len(data) >= 8 else len(data)
     return 1024
 
 
@@ -129,6 +133,77 @@ def rehash(data):
     if len(data) < 32:
         return data
     return data[:-32] + hashlib.sha256(data[:-32]).digest()
+
+
+def _st_parts(data):
+    """(header dict, data bytes) of a safetensors checkpoint, or None when its header does not parse."""
+    if len(data) < 8:
+        return None
+    n = struct.unpack_from("<Q", data)[0]
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except (ValueError, UnicodeDecodeError, OverflowError, RecursionError):
+        return None
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+        return None
+    return header, data[8 + n :]
+
+
+def _st_pack(header, payload):
+    """A safetensors checkpoint from a header and data, with the digest recomputed as checkpoint.save does."""
+    md = header["__metadata__"]
+    md.pop("infinitrain.sha256", None)
+    canon = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    md["infinitrain.sha256"] = hashlib.sha256(canon + b"\n" + payload).hexdigest()
+    body = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(body)) + body + payload
+
+
+def rehash_v2(data):
+    parts = _st_parts(data)
+    if parts is None:
+        return data
+    try:
+        return _st_pack(*parts)
+    except (TypeError, ValueError):
+        return data
+
+
+def mutate_json_v2(data, rng):
+    """Rewrites one field of a safetensors checkpoint's header (a tensor entry or the meta) with an extreme value
+    and recomputes the digest, so the structure checks see it."""
+    parts = _st_parts(data)
+    if parts is None:
+        return data
+    header, payload = parts
+    value = JSON_EXTREMES[rng.integers(len(JSON_EXTREMES))]
+    names = [k for k in header if k != "__metadata__"]
+    if rng.random() < 0.6 and names and isinstance(header[names[0]], dict):
+        entry = header[names[rng.integers(len(names))]]
+        if isinstance(entry, dict):
+            key = ["dtype", "shape", "data_offsets"][rng.integers(3)]
+            if key in ("shape", "data_offsets") and entry.get(key) and rng.random() < 0.7:
+                entry[key][rng.integers(len(entry[key]))] = value
+            else:
+                entry[key] = value
+    else:
+        try:
+            meta = json.loads(header["__metadata__"].get("infinitrain.meta", "{}"))
+        except (ValueError, TypeError):
+            return data
+        if isinstance(meta, dict):
+            keys = [["step"], ["optimizer", "step"], ["optimizer", "lr"], ["loader"], ["generator", "seed"], ["run"]]
+            keys = keys[rng.integers(len(keys))]
+            node = meta
+            for k in keys[:-1]:
+                node = node.setdefault(k, {}) if isinstance(node, dict) else {}
+            if isinstance(node, dict):
+                node[keys[-1]] = value
+            header["__metadata__"]["infinitrain.meta"] = json.dumps(meta)
+    try:
+        return _st_pack(header, payload)
+    except (TypeError, ValueError):
+        return data
 
 
 def mutate_json(data, rng):
@@ -192,10 +267,14 @@ def mutate(fmt, data, rng):
             else:
                 raw = struct.pack("<f", FLOAT32_EXTREMES[rng.integers(len(FLOAT32_EXTREMES))])
             data[word * 4 : word * 4 + 4] = raw
-        elif kind == 6 and fmt == "checkpoint":
+        elif kind == 6 and fmt == "checkpoint_v1":
             data = bytearray(mutate_json(bytes(data), rng))
-    if fmt == "checkpoint" and rng.random() < 0.5:
+        elif kind == 6 and fmt == "checkpoint":
+            data = bytearray(mutate_json_v2(bytes(data), rng))
+    if fmt == "checkpoint_v1" and rng.random() < 0.5:
         data = bytearray(rehash(bytes(data)))  # past the checksum, into the structure checks
+    if fmt == "checkpoint" and rng.random() < 0.5:
+        data = bytearray(rehash_v2(bytes(data)))
     return bytes(data)
 
 

@@ -54,7 +54,9 @@ def _resolve(name):
         built = ", ".join(available()) or "none"
         raise ValueError(
             f"unknown device type '{name}': known types are cpu and the providers built in ({built}), "
-            "which register on first use"
+            f"which register on first use; a provider is built in with --config=<name>, e.g. "
+            f"`./bazelw run --config={name} //python:train -- --device={name}:0` or "
+            f"`./bazelw run --config={name} //python:develop`"
         )
     register(name)
     return True

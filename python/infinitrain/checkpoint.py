@@ -1,8 +1,19 @@
-"""Checkpoint files: crash-safe writes, a checksummed tensor container, and llm.c model files.
+"""Checkpoint files: crash-safe writes, checksummed tensor files, and llm.c model files.
 
 Pure NumPy + stdlib so it imports without the C++ extension.
 
-Container layout (all integers little-endian):
+Checkpoints are safetensors files (format 2), which other tools read as they are:
+    0   uint64 little-endian N, the JSON header's length
+    8   N bytes of JSON, padded with spaces to a multiple of 8:
+        {"__metadata__": {"format": "pt", "infinitrain.format": "2", "infinitrain.meta": <meta as JSON text>,
+                          "infinitrain.sha256": <hex digest>},
+         <name>: {"dtype": "F32" | "BF16" | ..., "shape": [...], "data_offsets": [begin, end]}, ...}
+    8+N the tensors' bytes, back to back in header order
+The digest is SHA-256 over the header's canonical JSON without the digest (sorted keys, no spaces), a newline
+and the data section, so any change to names, shapes, meta or data is caught. The header lists the tensors
+in the order they were given, which is the order load() returns them in.
+
+Format 1, the container written before, still loads (read-only):
     0   b"INFTCKPT"
     8   uint32 format version (1)
     12  uint32 reserved (0)
@@ -108,8 +119,60 @@ def _le_array(name: str, value) -> np.ndarray:
     return np.asarray(arr, dtype=dtype, order="C")  # ascontiguousarray would make 0-d arrays 1-d
 
 
-def save(path: str | os.PathLike, tensors: dict, meta: dict | None = None) -> None:
-    """Writes tensors and JSON-serializable meta to `path` atomically."""
+# safetensors dtype names of the NumPy dtypes a checkpoint holds; BF16 is carried as uint16 bit patterns.
+_TO_ST = {"<f4": "F32", "<f8": "F64", "<f2": "F16", "<i8": "I64", "<i4": "I32", "<i2": "I16", "|u1": "U8"}
+_TO_ST.update({"|i1": "I8", "|b1": "BOOL", "<u2": "U16"})
+_FROM_ST = {v: k for k, v in _TO_ST.items()}
+_FROM_ST["BF16"] = "<u2"
+FORMAT = "2"
+_MAX_HEADER = 1 << 30
+
+
+def _canonical(header: dict) -> bytes:
+    return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def save(path: str | os.PathLike, tensors: dict, meta: dict | None = None, bf16=()) -> None:
+    """Writes tensors (name -> array) and JSON-serializable meta to `path` atomically as a checksummed
+    safetensors file. Names in `bf16` are uint16 arrays of bfloat16 bit patterns, stored as BF16."""
+    arrays, header, offset = [], {}, 0
+    for name, value in tensors.items():
+        if not isinstance(name, str):
+            raise ValueError(f"tensor names must be strings, got {name!r}")
+        if name == "__metadata__":
+            raise ValueError("'__metadata__' is not a tensor name (safetensors reserves it)")
+        arr = _le_array(name, value)
+        st = _TO_ST.get(arr.dtype.str)
+        if st is None:
+            raise ValueError(f"tensor {name!r}: dtype {arr.dtype} is not supported; use one of {list(_TO_ST)}")
+        if name in bf16:
+            if st != "U16":
+                raise ValueError(f"tensor {name!r}: bfloat16 bits must be a uint16 array, got {arr.dtype}")
+            st = "BF16"
+        header[name] = {"dtype": st, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+        arrays.append(arr)
+        offset += arr.nbytes
+    meta_text = json.dumps({} if meta is None else meta, default=_json_default, allow_nan=True)
+    md = {"format": "pt", "infinitrain.format": FORMAT, "infinitrain.meta": meta_text}
+    header = {"__metadata__": md, **header}  # the file keeps the tensors' order; the digest sorts keys
+    digest = hashlib.sha256(_canonical(header) + b"\n")
+    for arr in arrays:
+        digest.update(memoryview(arr.reshape(-1).view(np.uint8)))
+    md["infinitrain.sha256"] = digest.hexdigest()
+    body = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    body += b" " * (-len(body) % 8)
+
+    def write(f):
+        f.write(struct.pack("<Q", len(body)))
+        f.write(body)
+        for arr in arrays:
+            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+
+    atomic_write(path, write)
+
+
+def _save_v1(path: str | os.PathLike, tensors: dict, meta: dict | None = None) -> None:
+    """Writes format 1 (the container before safetensors); kept so that its reader stays tested."""
     arrays = []
     entries = []
     offset = 0
@@ -162,8 +225,7 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def load(path: str | os.PathLike) -> tuple[dict, dict]:
-    """Reads a checkpoint written by save(); returns (tensors, meta) after verifying structure and checksum."""
+def _read(path) -> tuple[str, bytearray]:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a directory, not a checkpoint")
@@ -172,6 +234,99 @@ def load(path: str | os.PathLike) -> tuple[dict, dict]:
         buf = bytearray(size)
         if f.readinto(buf) != size:
             raise _truncated(path, "file shrank while reading")
+    return path, buf
+
+
+def load(path: str | os.PathLike, require_checksum: bool = True) -> tuple[dict, dict]:
+    """Reads a checkpoint written by save() (or format 1); returns (tensors, meta) after verifying structure and
+    checksum. bfloat16 tensors arrive as uint16 bit patterns. require_checksum=False also reads safetensors
+    files written elsewhere (meta then {})."""
+    tensors, meta, _ = load_with_dtypes(*_read(path), require_checksum)
+    return tensors, meta
+
+
+def load_with_dtypes(path: str, buf: bytearray, require_checksum: bool = True) -> tuple[dict, dict, dict]:
+    """load() of a file's bytes, plus name -> safetensors dtype ('BF16' marks uint16 bit patterns)."""
+    if buf[:1] == MAGIC[:1] and len(buf) < 8 or buf[:8] == MAGIC:
+        tensors, meta = _load_v1(path, buf)
+        return tensors, meta, {k: ("BF16" if v.dtype.str == "<u2" else _TO_ST[v.dtype.str]) for k, v in tensors.items()}
+    size = len(buf)
+    if size < 8:
+        raise _truncated(path, f"{size} bytes is shorter than the 8-byte header length")
+    (n,) = struct.unpack_from("<Q", buf)
+    if n > _MAX_HEADER or n < 2:
+        raise _corrupt(path, f"not a safetensors or infinitrain checkpoint (header length {n})")
+    if n > size - 8:
+        raise _truncated(path, f"the header length says {n} bytes, the file has {size - 8} after it")
+    if buf[8:9] != b"{":
+        raise _corrupt(path, "not a safetensors or infinitrain checkpoint (the header is not a JSON object)")
+    try:
+        header = json.loads(bytes(buf[8 : 8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _corrupt(path, f"unreadable JSON header ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(header, dict):
+        raise _corrupt(path, "the JSON header is not an object")
+    md = header.get("__metadata__", {})
+    if not isinstance(md, dict) or not all(isinstance(v, str) for v in md.values()):
+        raise _corrupt(path, "__metadata__ must map strings to strings")
+    entries = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            st, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise _corrupt(path, f"bad tensor entry {name!r}: {str(entry)[:200]} ({type(e).__name__})") from None
+        if not isinstance(st, str) or st not in _FROM_ST:
+            raise _corrupt(path, f"tensor {name!r} has unsupported dtype {str(st)[:40]!r}")
+        if not isinstance(shape, list) or not all(_is_int(v) for v in (*shape, begin, end)):
+            raise _corrupt(path, f"tensor {name!r}: shape and data_offsets must be integers, got {str(entry)[:200]}")
+        if len(shape) > 32:
+            raise _corrupt(path, f"tensor {name!r} has {len(shape)} dimensions (at most 32)")
+        dtype = np.dtype(_FROM_ST[st])
+        if any(d < 0 for d in shape) or begin < 0 or math.prod(shape) * dtype.itemsize != end - begin:
+            raise _corrupt(path, f"tensor {name!r}: shape {shape} of {st} does not fit data_offsets [{begin}, {end}]")
+        entries.append((begin, end, name, st, dtype, tuple(shape)))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    pos = 0
+    for begin, end, name, *_ in entries:
+        if begin != pos:
+            raise _corrupt(path, f"tensor {name!r} starts at {begin}, expected {pos} (gaps or overlaps)")
+        pos = end
+    data_start = 8 + n
+    data_size = size - data_start
+    if data_size < pos:
+        raise _truncated(path, f"the tensors need {pos} bytes of data, found {data_size}")
+    if data_size > pos:
+        raise _corrupt(path, f"the tensors need {pos} bytes of data, found {data_size} ({data_size - pos} extra)")
+    view = memoryview(buf)
+    digest = md.get("infinitrain.sha256")
+    if digest is not None:
+        rest = dict(header, __metadata__={k: v for k, v in md.items() if k != "infinitrain.sha256"})
+        h = hashlib.sha256(_canonical(rest) + b"\n")
+        h.update(view[data_start:])
+        if h.hexdigest() != digest:
+            raise _corrupt(path, "SHA-256 checksum mismatch (contents were altered or damaged)")
+    elif require_checksum:
+        raise _corrupt(path, "no infinitrain.sha256 in its metadata (not written by infinitrain.checkpoint.save)")
+    try:
+        meta = json.loads(md.get("infinitrain.meta", "{}"))
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise _corrupt(path, f"unreadable meta ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(meta, dict):
+        raise _corrupt(path, "its meta must be a JSON object")
+    tensors, dtypes = {}, {}
+    order = {name: i for i, name in enumerate(header)}
+    for begin, end, name, st, dtype, shape in sorted(entries, key=lambda e: order[e[2]]):
+        count = (end - begin) // dtype.itemsize
+        # Views into one writable buffer: no second copy of the weights.
+        tensors[name] = np.frombuffer(buf, dtype=dtype, count=count, offset=data_start + begin).reshape(shape)
+        dtypes[name] = st
+    return tensors, meta, dtypes
+
+
+def _load_v1(path: str, buf: bytearray) -> tuple[dict, dict]:
+    size = len(buf)
     if buf[: len(MAGIC)] != MAGIC[: min(size, len(MAGIC))]:
         raise _corrupt(
             path, f"bad magic {bytes(buf[: len(MAGIC)])!r}, expected {MAGIC!r} (not an infinitrain checkpoint?)"

@@ -7,6 +7,7 @@ fallback) is the native dispatcher's choice; `how(name, device)` reports it.
 """
 
 import contextlib
+import numbers
 
 from infinitrain import _C, autograd
 
@@ -67,6 +68,10 @@ def record(out, inputs, backward, name, saved=()):
 
 
 _FLOAT_RANK = {"bfloat16": 0, "float16": 0, "float32": 1, "float64": 2}
+# PyTorch's categories: bool < integers < floats; the higher category decides the result's kind.
+_KIND = {"bool": 0, "uint8": 1, "int8": 1, "int32": 1, "int64": 1}
+_KIND.update(dict.fromkeys(_FLOAT_RANK, 2))
+_INT_RANK = {"uint8": 0, "int8": 0, "int32": 1, "int64": 2}
 
 
 def is_float(dtype):
@@ -74,12 +79,30 @@ def is_float(dtype):
 
 
 def promoted_dtype(a, b):
-    """The dtype two float dtypes meet at: the wider one; bfloat16 with float16 meet at float32."""
+    """The dtype two tensors' dtypes meet at, by PyTorch's rules: bool < integers < floats by category, the
+    wider within one; bfloat16 with float16 meet at float32, uint8 with int8 at int32 (there is no int16)."""
     if a == b:
         return a
-    ra, rb = _FLOAT_RANK.get(a), _FLOAT_RANK.get(b)
-    if ra is None or rb is None:
+    ka, kb = _KIND.get(a), _KIND.get(b)
+    if ka is None or kb is None:
         raise ValueError(f"dtype mismatch: {a} and {b} (cast one with .to(dtype))")
+    if ka != kb:
+        return a if ka > kb else b
+    rank = _FLOAT_RANK if ka == 2 else _INT_RANK
+    ra, rb = rank[a], rank[b]
     if ra == rb:
-        return "float32"
+        return "float32" if ka == 2 else "int32"
     return a if ra > rb else b
+
+
+def scalar_dtype(value, dtype):
+    """The dtype a Python scalar takes beside a tensor of `dtype` (PyTorch's rules: a scalar does not widen
+    a tensor of its own category; a float scalar makes an integer or bool tensor float32, an int scalar makes
+    a bool tensor int64)."""
+    if isinstance(value, bool):
+        return dtype
+    if isinstance(value, numbers.Integral):
+        return "int64" if dtype == "bool" else dtype
+    if isinstance(value, numbers.Real):
+        return dtype if dtype in _FLOAT_RANK else "float32"
+    raise TypeError(f"expected a Tensor or a Python number, got {type(value).__name__}")

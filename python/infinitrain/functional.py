@@ -10,13 +10,16 @@ construction and, only when recording, one closure.
 import builtins
 import math
 
-from infinitrain import amp, dispatch
+import numpy as np
+
+from infinitrain import amp, autograd, dispatch
 from infinitrain import random as _random
 from infinitrain.dispatch import needs_grad as _needs_grad
 from infinitrain.dispatch import record as _record
-from infinitrain.tensor import Tensor, tensor, zeros
+from infinitrain.tensor import Tensor, from_numpy, host_rng, tensor, zeros
 
 _call = dispatch.call
+_FLOATS = frozenset(("float32", "bfloat16", "float16", "float64"))
 
 
 def _run1(name, inputs, attrs=()):
@@ -24,9 +27,17 @@ def _run1(name, inputs, attrs=()):
 
 
 def _as_tensor(x, like):
+    """A Python number as a tensor beside `like`, in the dtype PyTorch gives it (dispatch.scalar_dtype)."""
     if isinstance(x, Tensor):
         return x
-    return tensor(x, dtype=like.dtype, device=like.device)
+    return tensor(x, dtype=dispatch.scalar_dtype(x, like.dtype), device=like.device)
+
+
+def _exact(name, inputs, attrs=(), dtype=None):
+    """Runs a float-only op on integer or bool tensors in float64 (exact for integers up to 2**53) and casts
+    the result to `dtype` (default: the first input's), as PyTorch keeps integer arithmetic integer."""
+    out = _run1(name, [cast(t, "float64") for t in inputs], attrs)
+    return cast(out, dtype or inputs[0].dtype)
 
 
 def _promote(a, b):
@@ -111,14 +122,51 @@ def slice(x, dim, start, end, step=1):
     return out
 
 
-def getitem(x, index):
-    """Basic indexing: ints, slices (step > 0), None and Ellipsis."""
+def _is_advanced(i):
+    """An index that selects by value: a tensor, a NumPy array or a list (PyTorch's advanced indexing)."""
+    return isinstance(i, (Tensor, list, np.ndarray))
+
+
+def _expand_ellipsis(x, index):
     if not isinstance(index, tuple):
         index = (index,)
-    if any(i is Ellipsis for i in index):
-        k = index.index(Ellipsis)
-        fill = x.ndim - (len(index) - 1 - builtins.sum(1 for i in index if i is None))
-        index = index[:k] + (builtins.slice(None),) * fill + index[k + 1 :]
+    k = [n for n, i in enumerate(index) if i is Ellipsis]
+    if len(k) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if k:
+        used = builtins.sum(1 for i in index if i is not None and i is not Ellipsis and not _is_bool_mask(i))
+        used += builtins.sum(_mask_ndim(i) for i in index if _is_bool_mask(i))
+        index = index[: k[0]] + (builtins.slice(None),) * builtins.max(0, x.ndim - used) + index[k[0] + 1 :]
+    return index
+
+
+def _is_bool_mask(i):
+    if isinstance(i, Tensor):
+        return i.dtype == "bool"
+    if isinstance(i, np.ndarray):
+        return i.dtype == np.bool_
+    return False
+
+
+def _mask_ndim(i):
+    return i.ndim if isinstance(i, (Tensor, np.ndarray)) else 1
+
+
+def getitem(x, index):
+    """Indexing as in PyTorch: ints, slices (step > 0), None, ..., one integer index (a list, array or integer
+    tensor, any shape: its dims replace the indexed dim) and boolean masks (which read the mask to the host,
+    since the result's size depends on it)."""
+    if type(index) is tuple:  # noqa: E721 (exact type: the common cases skip the scans below)
+        if any(i is Ellipsis for i in index):
+            index = _expand_ellipsis(x, index)
+        if any(_is_advanced(i) for i in index):
+            return _advanced_getitem(x, index)
+    elif type(index) in (int, builtins.slice):
+        index = (index,)
+    else:
+        index = _expand_ellipsis(x, index)
+        if _is_advanced(index[0]):
+            return _advanced_getitem(x, index)
     out, dim, new_shape = x, 0, []
     for i in index:
         if i is None:
@@ -128,7 +176,7 @@ def getitem(x, index):
             raise IndexError(f"too many indices for a {x.ndim}-d tensor")
         n = x.shape[dim]
         if isinstance(i, bool):
-            raise TypeError("boolean indices are not supported: use masked_fill or where")
+            raise TypeError("boolean indices that are Python bools are not supported: use a bool tensor as a mask")
         if hasattr(i, "__index__") and not isinstance(i, builtins.slice):
             i = i.__index__()  # NumPy integers
             if not -n <= i < n:
@@ -138,19 +186,162 @@ def getitem(x, index):
         elif isinstance(i, builtins.slice):
             start, stop, step = i.indices(n)
             if step <= 0:
-                raise ValueError("negative slice steps are not supported")
+                raise ValueError("negative slice steps are not supported (PyTorch has none either)")
             if (start, stop, step) != (0, n, 1):
                 out = slice(out, dim, start, stop, step)
             new_shape.append(out.shape[dim])
         else:
-            raise TypeError(f"unsupported index {i!r}: use ints, slices, None or ...")
+            raise TypeError(f"unsupported index {i!r}: use ints, slices, None, ..., lists, or integer or bool tensors")
         dim += 1
     new_shape += list(out.shape[dim:])
     return out.reshape(new_shape) if tuple(new_shape) != out.shape else out
 
 
+def _mask_to_ids(mask, shape, dim):
+    """A bool mask over dims [dim, dim + mask.ndim) of `shape` as int64 ids into those dims flattened."""
+    m = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
+    want = tuple(shape[dim : dim + m.ndim])
+    if m.shape != want:
+        raise IndexError(f"the boolean mask's shape {m.shape} does not match the indexed dims {want}")
+    return np.flatnonzero(m.reshape(-1))
+
+
+def _advanced_getitem(x, index):
+    basic, adv, dim, out_dim = [], None, 0, 0
+    for i in index:
+        if _is_advanced(i):
+            if adv is not None:
+                raise NotImplementedError(
+                    "indexing with more than one list, array or tensor index is not supported: index one dim at "
+                    "a time"
+                )
+            if _is_bool_mask(i):
+                nd = _mask_ndim(i)
+                ids = _mask_to_ids(i, x.shape, dim)
+                adv = (out_dim, nd, ids)
+                basic.extend([builtins.slice(None)] * nd)
+                dim += nd
+                out_dim += nd
+                continue
+            adv = (out_dim, 1, i)
+            basic.append(builtins.slice(None))
+        else:
+            basic.append(i)
+            if i is None:
+                out_dim += 1
+                continue
+            if not isinstance(i, builtins.slice):  # an int drops its dim
+                dim += 1
+                continue
+        dim += 1
+        out_dim += 1
+    out = getitem(x, tuple(basic))
+    at, nd, ids = adv
+    if nd != 1:  # a mask over several dims: flatten them, then select
+        out = out.reshape(out.shape[:at] + (-1,) + out.shape[at + nd :])
+    return index_select(out, at, ids)
+
+
+def _index_ids(index, n, device):
+    """Integer ids (list, array or tensor) as an int64 tensor on `device`, negative ids counted from the end."""
+    if isinstance(index, Tensor):
+        if index.dtype in _FLOATS or index.dtype == "bool":
+            raise IndexError(f"tensors used as indices must be integer or bool tensors, got {index.dtype}")
+        ids = index if index.dtype == "int64" else cast(index, "int64")
+        ids = ids if ids.device == device else to_device(ids, device)
+        return add(ids, mul(cast(lt(ids, 0), "int64"), n))  # on the device: no host synchronisation
+    arr = np.asarray(index)
+    if arr.dtype == np.bool_ or (arr.size and arr.dtype.kind not in "iu"):
+        raise IndexError(f"list and array indices must hold integers, got {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.size and (arr.min() < -n or arr.max() >= n):
+        raise IndexError(f"index {int(arr.max() if arr.max() >= n else arr.min())} is out of range for size {n}")
+    return from_numpy(np.where(arr < 0, arr + n, arr), device=device)
+
+
+def index_select(x, dim, index):
+    """x's slices along dim at the ids in `index` (any shape; its dims replace dim), differentiable in x."""
+    dim %= x.ndim
+    n = x.shape[dim]
+    ids = _index_ids(index, n, x.device)
+    moved = x if dim == 0 else permute(x, [dim] + [d for d in range(x.ndim) if d != dim])
+    rest = moved.shape[1:]
+    table = moved.reshape(n, -1)
+    if table.dtype in _FLOATS:
+        rows = embedding(ids.reshape(-1), table)
+    else:
+        rows = cast(embedding(ids.reshape(-1), cast(table, "float64")), x.dtype)
+    out = rows.reshape(tuple(ids.shape) + tuple(rest))
+    if dim:
+        k = ids.ndim
+        order = list(range(k, k + dim)) + list(range(k)) + list(range(k + dim, out.ndim))
+        out = permute(out, order)
+    return out
+
+
+def _positions(x, index):
+    """Float64 ids of the elements x[index] selects (exact below 2**53), in the selection's shape."""
+    ids = from_numpy(np.arange(x.numel(), dtype=np.float64).reshape(x.shape), device=x.device)
+    return getitem(ids, index)
+
+
+def setitem(x, index, value):
+    """x[index] = value: the elements selected as getitem selects them (duplicate ids: the last is not
+    guaranteed to win, as in PyTorch). A bool mask of x's shape with a number is one masked_fill."""
+    if not isinstance(value, Tensor):
+        if _is_bool_mask(index) and isinstance(index, Tensor) and tuple(index.shape) == x.shape:
+            return _commit(x, masked_fill(x, index, value))
+        value = tensor(value, dtype=x.dtype, device=x.device)
+    if value.device != x.device:
+        value = to_device(value, x.device)
+    pos = _positions(x, index)
+    n = x.numel()
+    flat_ids = cast(pos, "int64").reshape(-1)
+    work = x.dtype if x.dtype in _FLOATS else "float64"
+    vals = cast(value, work) if value.dtype != work else value
+    vals = expand(vals, pos.shape).reshape(-1) if tuple(vals.shape) != tuple(pos.shape) else vals.reshape(-1)
+    zeros_n = zeros(n, dtype=work, device=x.device)
+    hit = gt(scatter_add(zeros_n, 0, flat_ids, zeros(flat_ids.shape[0], dtype=work, device=x.device).fill_(1.0)), 0.0)
+    placed = scatter_add(zeros_n, 0, flat_ids, vals)
+    base = x.reshape(-1) if x.dtype == work else cast(x.reshape(-1), work)
+    new = where(hit, placed, base).reshape(x.shape)
+    return _commit(x, new if new.dtype == x.dtype else cast(new, x.dtype))
+
+
+def _commit(x, new):
+    """Makes x hold `new` (in-place semantics): a copy into x's storage when no graph is involved (views
+    sharing the storage see it, and x's version moves on); otherwise x becomes new's graph node."""
+    if x.requires_grad and x._node is None and autograd.is_grad_enabled():
+        raise RuntimeError(
+            "a leaf tensor that requires grad is used in an in-place operation; "
+            "do it under it.no_grad() (as optimizers do) or on a copy"
+        )
+    if new.requires_grad:
+        x._t, x._node, x.requires_grad = new._t, new._node, True
+        return x
+    if new.dtype != x.dtype:
+        new = cast(new, x.dtype)
+    _call("copy_", [x, new])
+    return x
+
+
+def masked_fill_(x, mask, value):
+    return _commit(x, masked_fill(x, mask, value))
+
+
+def _common(xs):
+    """Tensors promoted to one dtype (PyTorch's cat and stack promote)."""
+    dtypes = {t.dtype for t in xs}
+    if len(dtypes) < 2:
+        return xs
+    d = xs[0].dtype
+    for t in xs[1:]:
+        d = dispatch.promoted_dtype(d, t.dtype)
+    return [t if t.dtype == d else cast(t, d) for t in xs]
+
+
 def cat(xs, dim=0):
-    xs = list(xs)
+    xs = _common(list(xs))
     out = _run1("concat", xs, [dim])
     if _needs_grad(*xs):
         sizes = [t.shape[dim] for t in xs]
@@ -162,7 +353,7 @@ concat = cat
 
 
 def stack(xs, dim=0):
-    xs = list(xs)
+    xs = _common(list(xs))
     out = _run1("stack", xs, [dim])
     if _needs_grad(*xs):
         n = len(xs)
@@ -199,7 +390,13 @@ def split(x, split_size, dim=0):
 
 def _unary(name, x, backward=None, saves="x"):
     """saves: which value the backward reads ("x", "out" or None)."""
-    out = _run1(name, [x])
+    try:
+        out = _run1(name, [x])
+    except ValueError:
+        if x.dtype in _FLOATS:
+            raise
+        # Integer input: neg and abs stay integer, the rest compute in float32 (PyTorch's rule).
+        return _exact(name, [x]) if name in ("neg", "abs") else _run1(name, [cast(x, "float32")])
     if backward is not None and _needs_grad(x):
         saved = (x,) if saves == "x" else (out,) if saves == "out" else ()
         _record(out, (x,), lambda g: (backward(g, out),), name, saved)
@@ -257,14 +454,38 @@ def silu(x):
     return _unary("silu", x, lambda g, out: _run1("silu_backward", [x.detach(), g]))
 
 
-def gelu(x, approximate="tanh"):
-    if approximate != "tanh":
-        raise ValueError(f"gelu: only approximate='tanh' is implemented, got {approximate!r}")
-    return _unary("gelu_tanh", x, lambda g, out: _run1("gelu_tanh_backward", [x.detach(), g]))
+# Numerical Recipes' erfc: t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), fractional error below 1.2e-7 for z >= 0.
+_ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587)
+_ERFC += (-0.82215223, 0.17087277)
+
+
+def _normal_cdf(x):
+    """Phi(x) = erfc(-x / sqrt 2) / 2 from ops (the table has no erf), computed in float64 for float32 and
+    float64 inputs and in float32 for 16-bit ones, so only the 1.2e-7 fractional error of erfc remains."""
+    wide = "float64" if x.dtype in ("float32", "float64") else "float32"
+    xw = cast(x, wide) if x.dtype != wide else x
+    z = affine(abs(xw), 1.0 / math.sqrt(2.0), 0.0)
+    t = pow(affine(z, 0.5, 1.0), -1.0)
+    poly = affine(t, _ERFC[-1], _ERFC[-2])
+    for c in reversed(_ERFC[:-2]):
+        poly = affine(mul(t, poly), 1.0, c)
+    half_erfc = affine(mul(t, exp(sub(poly, mul(z, z)))), 0.5, 0.0)  # erfc(|x| / sqrt 2) / 2
+    cdf = where(lt(xw, 0.0), half_erfc, affine(half_erfc, -1.0, 1.0))
+    return cast(cdf, x.dtype) if x.dtype != wide else cdf
+
+
+def gelu(x, approximate="none"):
+    """x * Phi(x) (PyTorch's default, composed from about 30 elementwise ops), or with approximate="tanh" the
+    tanh approximation, which is one fused op (GPT-2's)."""
+    if approximate == "tanh":
+        return _unary("gelu_tanh", x, lambda g, out: _run1("gelu_tanh_backward", [x.detach(), g]))
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return mul(x, _normal_cdf(x))
 
 
 def affine(x, scale, bias):
-    """x * scale + bias for Python numbers scale and bias."""
+    """x * scale + bias for Python numbers scale and bias (x floating)."""
     out = _run1("affine", [x], [float(scale), float(bias)])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (affine(g, scale, 0.0),), "affine")
@@ -274,6 +495,11 @@ def affine(x, scale, bias):
 def pow(x, p):
     if isinstance(p, Tensor):
         raise TypeError("pow: tensor exponents are not supported, pass a Python number")
+    if x.dtype not in _FLOATS:
+        if isinstance(p, float):
+            x = cast(x, "float32")
+        else:
+            return _exact("pow_scalar", [x], [float(p)])
     p = float(p)
     out = _run1("pow_scalar", [x], [p])
     if _needs_grad(x):
@@ -306,33 +532,95 @@ def _binary(name, a, b, backward, saves=True):
         a = _as_tensor(a, b)
     if a.dtype != b.dtype:
         a, b = _promote(a, b)
-    out = _run1(name, [a, b])
+    try:
+        out = _run1(name, [a, b])
+    except ValueError:
+        if a.dtype in _FLOATS:
+            raise
+        # Integer and bool tensors: exact in float64; true division gives float32 as in PyTorch.
+        return _exact(name, [a, b], dtype="float32" if name == "div" else None)
     if _needs_grad(a, b):
         _record(out, (a, b), lambda g: backward(g, a.detach(), b.detach()), name, (a, b) if saves else ())
     return out
 
 
+def _add_backward(g, x, y):
+    return sum_to(g, x.shape), sum_to(g, y.shape)
+
+
+def _sub_backward(g, x, y):
+    return sum_to(g, x.shape), sum_to(neg(g), y.shape)
+
+
+def _mul_backward(g, x, y):
+    return sum_to(mul(g, y), x.shape), sum_to(mul(g, x), y.shape)
+
+
+def _scalar_fast(a, b):
+    """Whether `a op scalar b` may run as one affine op: a floating tensor and a real number. Integer and bool
+    tensors take _binary's promoting path instead (checked only after affine refuses, off the hot path)."""
+    return a.dtype in _FLOATS and not isinstance(b, bool)
+
+
 def add(a, b):
     if not isinstance(b, Tensor):
-        return affine(a, 1.0, b)
-    return _binary("add", a, b, lambda g, x, y: (sum_to(g, x.shape), sum_to(g, y.shape)), saves=False)
+        try:
+            return affine(a, 1.0, b)
+        except (ValueError, TypeError):
+            if _scalar_fast(a, b):
+                raise
+    return _binary("add", a, b, _add_backward, saves=False)
 
 
 def sub(a, b):
     if not isinstance(b, Tensor):
-        return affine(a, 1.0, -b)
-    return _binary("sub", a, b, lambda g, x, y: (sum_to(g, x.shape), sum_to(neg(g), y.shape)), saves=False)
+        try:
+            return affine(a, 1.0, -b)
+        except (ValueError, TypeError):
+            if _scalar_fast(a, b):
+                raise
+    return _binary("sub", a, b, _sub_backward, saves=False)
+
+
+def rsub(a, b):
+    """b - a for a tensor a and a number (or tensor) b."""
+    if not isinstance(b, Tensor):
+        try:
+            return affine(a, -1.0, b)
+        except (ValueError, TypeError):
+            if _scalar_fast(a, b):
+                raise
+        b = _as_tensor(b, a)
+    return sub(b, a)
 
 
 def mul(a, b):
     if not isinstance(b, Tensor):
-        return affine(a, b, 0.0)
-    return _binary("mul", a, b, lambda g, x, y: (sum_to(mul(g, y), x.shape), sum_to(mul(g, x), y.shape)))
+        try:
+            return affine(a, b, 0.0)
+        except (ValueError, TypeError):
+            if _scalar_fast(a, b):
+                raise
+    return _binary("mul", a, b, _mul_backward)
+
+
+def rdiv(a, b):
+    """b / a for a tensor a and a number (or tensor) b."""
+    if not isinstance(b, Tensor):
+        if a.dtype in _FLOATS:
+            return mul(pow(a, -1.0), b)
+        b = _as_tensor(b, a)
+    return div(b, a)
 
 
 def div(a, b):
     if not isinstance(b, Tensor):
-        return affine(a, 1.0 / b, 0.0)
+        try:
+            return affine(a, 1.0 / b, 0.0)
+        except (ValueError, TypeError):
+            if _scalar_fast(a, b):
+                raise
+        b = _as_tensor(float(b), a)  # true division: integer tensors give float32
 
     def backward(g, x, y):
         gx = div(g, y)
@@ -364,7 +652,12 @@ def compare(name, a, b):
         b = _as_tensor(b, a)
     if a.dtype != b.dtype:
         a, b = _promote(a, b)
-    return _run1(name, [a, b])
+    try:
+        return _run1(name, [a, b])
+    except ValueError:
+        if a.dtype in _FLOATS:
+            raise
+        return _run1(name, [cast(a, "float64"), cast(b, "float64")])  # bool, uint8, int8: exact as float64
 
 
 def eq(a, b):
@@ -396,6 +689,12 @@ def where(cond, a, b):
         a = _as_tensor(a, b)
     if not isinstance(b, Tensor):
         b = _as_tensor(b, a)
+    if a.dtype != b.dtype:
+        a, b = _promote(a, b)
+    if cond.dtype != "bool":
+        raise ValueError(f"where: the condition must be a bool tensor, got {cond.dtype}")
+    if a.dtype not in _FLOATS:
+        return cast(_run1("where", [cond, cast(a, "float64"), cast(b, "float64")]), a.dtype)
     out = _run1("where", [cond, a, b])
     if _needs_grad(a, b):
 
@@ -408,6 +707,12 @@ def where(cond, a, b):
 
 
 def masked_fill(x, mask, value):
+    if isinstance(value, Tensor):
+        value = value.item()  # PyTorch takes a 0-d tensor too
+    if mask.dtype != "bool":
+        raise ValueError(f"masked_fill: the mask must be a bool tensor, got {mask.dtype}")
+    if x.dtype not in _FLOATS:
+        return cast(_run1("masked_fill", [cast(x, "float64"), mask], [float(value)]), x.dtype)
     out = _run1("masked_fill", [x, mask], [float(value)])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (_run1("masked_fill", [g, mask], [0.0]),), "masked_fill", (mask,))
@@ -452,6 +757,8 @@ def _expand_back(g, x, dims, keepdim):
 
 def sum(x, dim=None, keepdim=False):
     dims = _dims(x, dim)
+    if x.dtype not in _FLOATS:  # integer and bool sums are int64, as in PyTorch
+        return _exact("sum", [x], [dims, int(keepdim)], dtype="int64")
     out = _run1("sum", [x], [dims, int(keepdim)])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (expand(_expand_back(g, x, dims, keepdim), x.shape),), "sum")
@@ -471,6 +778,8 @@ def mean(x, dim=None, keepdim=False):
 
 def amax(x, dim=None, keepdim=False):
     dims = _dims(x, dim)
+    if x.dtype not in _FLOATS:
+        return _exact("amax", [x], [dims, int(keepdim)])
     out = _run1("amax", [x], [dims, int(keepdim)])
     if _needs_grad(x):
 
@@ -485,8 +794,81 @@ def amax(x, dim=None, keepdim=False):
     return out
 
 
-def argmax(x, dim=-1, keepdim=False):
+def argmax(x, dim=None, keepdim=False):
+    """Index of the first maximum along dim; with dim=None, of the flattened tensor (PyTorch's default)."""
+    if x.dtype not in _FLOATS:
+        x = cast(x, "float64")
+    if dim is None:
+        out = _run1("argmax", [x.reshape(-1)], [0, 0])
+        return out.reshape([1] * x.ndim) if keepdim else out
     return _run1("argmax", [x], [dim, int(keepdim)])
+
+
+def amin(x, dim=None, keepdim=False):
+    return neg(amax(neg(x), dim, keepdim))
+
+
+def argmin(x, dim=None, keepdim=False):
+    return argmax(neg(x) if x.dtype in _FLOATS else neg(cast(x, "float64")), dim, keepdim)
+
+
+def var(x, dim=None, unbiased=True, keepdim=False, correction=None):
+    """Variance with Bessel's correction by default (correction=1), as PyTorch."""
+    dims = _dims(x, dim)
+    n = x.numel() // max(1, mean(x, dims or None, keepdim=True).numel())
+    c = (1 if unbiased else 0) if correction is None else correction
+    d = sub(x, mean(x, dims or None, keepdim=True))
+    return affine(sum(mul(d, d), dims or None, keepdim), 1.0 / max(n - c, 0) if n > c else math.nan, 0.0)
+
+
+def std(x, dim=None, unbiased=True, keepdim=False, correction=None):
+    return sqrt(var(x, dim, unbiased, keepdim, correction))
+
+
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    """(values, indices) of the k largest (or smallest) elements along dim, in descending (ascending) order;
+    ties go to the lower index. Runs on the device (the router's moe_topk op), differentiable in values."""
+    dim %= x.ndim
+    n = x.shape[dim]
+    if not 0 < k <= n:
+        raise ValueError(f"topk: k must be in [1, {n}] for dim {dim} of shape {x.shape}, got {k}")
+    work = x if x.dtype in _FLOATS else cast(x, "float64")
+    moved = work if dim == x.ndim - 1 else transpose(work, dim, -1)
+    keys = moved if largest else neg(moved)
+    _, ids = _call("moe_topk", [keys.detach().reshape(-1, n)], [int(k), 0])
+    ids = Tensor(ids).reshape(moved.shape[:-1] + (k,))
+    values = gather(moved, moved.ndim - 1, ids)
+    if dim != x.ndim - 1:
+        values, ids = transpose(values, dim, -1), transpose(ids, dim, -1)
+    return (values if values.dtype == x.dtype else cast(values, x.dtype)), ids
+
+
+def multinomial(input, num_samples, replacement=False, generator=None):
+    """Samples num_samples category ids per row of non-negative weights [C] or [N, C] (need not sum to 1), on
+    the host from the generator's counter stream (seedable, the same on every device)."""
+    p = input.numpy().astype(np.float64)
+    rows = p.reshape(-1, p.shape[-1]) if p.ndim else None
+    if rows is None or p.ndim > 2:
+        raise ValueError(f"multinomial: input must be 1-d or 2-d, got shape {input.shape}")
+    if not np.isfinite(rows).all() or (rows < 0).any():
+        raise ValueError("multinomial: probabilities must be finite and non-negative")
+    totals = rows.sum(-1)
+    if (totals <= 0).any():
+        raise ValueError("multinomial: every row needs a positive total probability")
+    if not replacement and num_samples > (rows > 0).sum(-1).min():
+        raise ValueError("multinomial: cannot draw more samples than non-zero categories without replacement")
+    rng = host_rng(generator, rows.shape[0] * max(int(num_samples), 1))
+    draws = [rng.choice(rows.shape[1], num_samples, replacement, r / t) for r, t in zip(rows, totals, strict=True)]
+    out = np.stack(draws)
+    return from_numpy(out.reshape(p.shape[:-1] + (num_samples,)).astype(np.int64), device=input.device)
+
+
+def one_hot(x, num_classes=-1):
+    ids = x.numpy().astype(np.int64)
+    n = int(ids.max()) + 1 if num_classes < 0 else num_classes
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        raise ValueError(f"one_hot: class ids must be in [0, {n})")
+    return from_numpy(np.eye(n, dtype=np.int64)[ids], device=x.device)
 
 
 # ---- linear algebra ----
@@ -545,6 +927,10 @@ def linear(x, weight, bias=None):
 
 
 def embedding(index, weight):
+    if index.dtype != "int64":
+        if index.dtype in _FLOATS or index.dtype == "bool":
+            raise ValueError(f"embedding: indices must be an integer tensor, got {index.dtype}")
+        index = cast(index, "int64")  # int32 ids, as PyTorch takes them
     out = _run1("embedding", [weight, index])
     if _needs_grad(weight):
         v = weight.shape[0]
@@ -656,29 +1042,135 @@ def rope(x, cos, sin):
     return out
 
 
-def scaled_dot_product_attention(q, k, v, is_causal=True, scale=None):
-    """q [B, Hq, T, D], k, v [B, Hkv, S, D] with Hq a multiple of Hkv (grouped-query heads)."""
-    q, k, v = _autocast(q, k, v)
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, generator=None
+):
+    """PyTorch's attention: softmax(q k^T * scale + mask) v over the last two dims, q [..., Hq, T, D], k, v
+    [..., Hkv, S, D] with Hq a multiple of Hkv (grouped-query heads, with or without enable_gqa). attn_mask: bool
+    (True takes part) or float (added to the scores), broadcast to [..., T, S]; is_causal masks above the
+    diagonal (top-left aligned when T != S). Without a mask or dropout on 4-d inputs this is the fused sdpa op;
+    otherwise it is composed of matmul, softmax and dropout."""
+    q, k, v = _autocast(query, key, value)
+    if isinstance(attn_mask, bool):
+        raise TypeError(
+            "scaled_dot_product_attention: attn_mask (the 4th argument, as in PyTorch) must be a tensor; "
+            "for causal attention pass is_causal=True"
+        )
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be in [0, 1), got {dropout_p}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    out, lse = _call("sdpa", [q, k, v], [int(is_causal), scale])
+    causal = bool(is_causal)
+    if attn_mask is None and dropout_p == 0.0 and q.ndim == 4 and (not causal or q.shape[2] == k.shape[2]):
+        return _sdpa(q, k, v, causal, scale)
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"scaled_dot_product_attention: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"scaled_dot_product_attention: q, k, v need equal ranks >= 2, got {q.shape}, {k.shape}")
+    if q.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        hq, hkv = q.shape[-3], k.shape[-3]
+        if hq % hkv:
+            raise ValueError(f"scaled_dot_product_attention: {hq} query heads is not a multiple of {hkv} kv heads")
+        k, v = (repeat_interleave(t, hq // hkv, q.ndim - 3) for t in (k, v))
+    T, S = q.shape[-2], k.shape[-2]
+    scores = affine(matmul(q, k, False, True), scale, 0.0)
+    if causal:
+        attn_mask = from_numpy(np.tril(np.ones((T, S), dtype=bool)), device=q.device)
+    if attn_mask is not None:
+        if attn_mask.dtype == "bool":
+            scores = masked_fill(scores, logical_not(attn_mask), -math.inf)
+        else:
+            scores = add(scores, attn_mask)
+    p = softmax(scores, -1)
+    if dropout_p > 0.0:
+        p = dropout(p, dropout_p, True, generator)
+    return matmul(p if p.dtype == v.dtype else cast(p, v.dtype), v)
+
+
+def _sdpa(q, k, v, causal, scale):
+    out, lse = _call("sdpa", [q, k, v], [int(causal), scale])
     out = Tensor(out)
     if _needs_grad(q, k, v):
 
         def backward(g):
-            dq, dk, dv = _call("sdpa_backward", [g, q, k, v, out, Tensor(lse)], [int(is_causal), scale])
+            dq, dk, dv = _call("sdpa_backward", [g, q, k, v, out, Tensor(lse)], [int(causal), scale])
             return Tensor(dq), Tensor(dk), Tensor(dv)
 
         _record(out, (q, k, v), backward, "sdpa", (q, k, v, out))
     return out
 
 
-def cross_entropy(logits, target, ignore_index=-100):
-    """Mean cross-entropy of logits [N, V] (or [..., V]) against int64 targets [N] (or [...])."""
+def repeat_interleave(x, repeats, dim):
+    """Each slice of x along dim repeated `repeats` times in place (an int repeats)."""
+    dim %= x.ndim
+    shape = x.shape
+    y = x.reshape(shape[: dim + 1] + (1,) + shape[dim + 1 :])
+    y = expand(y, shape[: dim + 1] + (repeats,) + shape[dim + 1 :])
+    return y.reshape(shape[:dim] + (shape[dim] * repeats,) + shape[dim + 1 :])
+
+
+def logical_not(x):
+    if x.dtype == "bool":
+        return _run1("eq", [cast(x, "float32"), tensor(0.0, device=x.device)])
+    return eq(x, 0)
+
+
+def _target_ids(target, what):
+    if target.dtype == "int64":
+        return target
+    if target.dtype in _FLOATS or target.dtype == "bool":
+        raise NotImplementedError(f"{what}: targets must be class indices (an integer tensor), got {target.dtype}")
+    return cast(target, "int64")
+
+
+def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """PyTorch's cross_entropy on logits [N, C] (or [C], or [N, C, d1, ...] with the classes in dim 1) and
+    integer class targets: reduction 'mean' (over targets != ignore_index; NaN when there are none), 'sum' or
+    'none'; label_smoothing mixes in the uniform distribution. The mean without smoothing is one fused op."""
+    if weight is not None:
+        raise NotImplementedError("cross_entropy: class weights are not supported")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    target = _target_ids(target, "cross_entropy")
+    logits, out_shape = input, target.shape
+    if logits.ndim == 1:
+        logits, target = logits.reshape(1, -1), target.reshape(1)
+    elif logits.ndim > 2:  # [N, C, d...] -> [N * d..., C]
+        dims = [0] + list(range(2, logits.ndim)) + [1]
+        logits = permute(logits, dims).reshape(-1, logits.shape[1])
+        target = target.reshape(-1)
+    if logits.shape[0] != target.shape[0]:
+        raise ValueError(f"cross_entropy: {input.shape} logits do not match {out_shape} targets")
+    if reduction != "none" and label_smoothing == 0.0:
+        loss = _cross_entropy_mean(logits, target, ignore_index)
+        valid = cast(ne(target, ignore_index), "float32")
+        count = sum(valid)
+        if reduction == "sum":
+            return mul(loss, count if count.dtype == loss.dtype else cast(count, loss.dtype))
+        # The fused op gives 0 when every target is ignored; PyTorch's mean over nothing is NaN: + 0 * (1 / count).
+        nan_if_empty = affine(pow(count, -1.0), 0.0, 0.0)
+        return add(loss, nan_if_empty if nan_if_empty.dtype == loss.dtype else cast(nan_if_empty, loss.dtype))
+    keep = ne(target, ignore_index)
+    safe = where(keep, target, 0)
+    lp = log_softmax(logits if logits.dtype in ("float32", "float64") else cast(logits, "float32"), -1)
+    rows = neg(gather(lp, 1, safe.reshape(-1, 1)).reshape(-1))
+    if label_smoothing > 0.0:
+        rows = add(affine(rows, 1.0 - label_smoothing, 0.0), affine(mean(lp, -1), -label_smoothing, 0.0))
+    rows = masked_fill(rows, logical_not(keep), 0.0)
+    if reduction == "none":
+        return rows.reshape(out_shape)
+    total = sum(rows)
+    if reduction == "sum":
+        return total
+    return div(total, sum(cast(keep, total.dtype)))
+
+
+def _cross_entropy_mean(logits, target, ignore_index):
     # No cast under autocast: the kernels compute in float32 from 16-bit logits (exact widening), and a float32
     # copy of [N, vocab] logits would cost more than the loss itself.
-    if logits.ndim != 2:
-        logits = logits.reshape(-1, logits.shape[-1])
-        target = target.reshape(-1)
     loss, lse = _call("cross_entropy", [logits, target], [ignore_index])
     loss = Tensor(loss)
     if _needs_grad(logits):
@@ -691,6 +1183,32 @@ def cross_entropy(logits, target, ignore_index=-100):
             (logits, target),
         )
     return loss
+
+
+def nll_loss(input, target, ignore_index=-100, reduction="mean"):
+    """Negative log-likelihood of log-probabilities [N, C] at integer targets [N]."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    target = _target_ids(target, "nll_loss")
+    keep = ne(target, ignore_index)
+    rows = neg(gather(input, 1, where(keep, target, 0).reshape(-1, 1)).reshape(-1))
+    rows = masked_fill(rows, logical_not(keep), 0.0)
+    if reduction == "none":
+        return rows
+    total = sum(rows)
+    return total if reduction == "sum" else div(total, sum(cast(keep, total.dtype)))
+
+
+def mse_loss(input, target, reduction="mean"):
+    d = sub(input, target)
+    sq = mul(d, d)
+    if reduction == "none":
+        return sq
+    if reduction == "sum":
+        return sum(sq)
+    if reduction == "mean":
+        return mean(sq)
+    raise ValueError(f"mse_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 # ---- mixture of experts ----

@@ -26,6 +26,8 @@ def _check_dtype(dtype):
 
 class Tensor:
     __slots__ = ("_t", "requires_grad", "grad", "_node", "_hooks", "_retains_grad", "__weakref__")
+    # NumPy defers `array op tensor` to the tensor's reflected operator instead of converting the tensor.
+    __array_priority__ = 1000
 
     def __init__(self, native, requires_grad=False):
         self._t = native
@@ -51,6 +53,23 @@ class Tensor:
     @property
     def ndim(self):
         return len(self._t.shape)
+
+    @property
+    def data(self):
+        """The same storage without autograd history (PyTorch's .data)."""
+        return Tensor(self._t)
+
+    @data.setter
+    def data(self, other):
+        if tuple(other.shape) != self.shape and self.requires_grad:
+            raise ValueError(f".data: shape {tuple(other.shape)} does not match {self.shape}")
+        self._t = other._t
+
+    def is_floating_point(self):
+        return self._t.dtype in FLOAT_DTYPES
+
+    def element_size(self):
+        return np.dtype(np.uint16 if self.dtype == "bfloat16" else self.dtype).itemsize
 
     def dim(self):
         return len(self._t.shape)
@@ -84,6 +103,14 @@ class Tensor:
     def numpy(self):
         """A host copy (bfloat16 arrives as float32)."""
         return self._t.numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._t.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __reduce__(self):
+        # Pickles as host data plus dtype, device and requires_grad (a state_dict pickles as PyTorch's does).
+        return (_unpickle, (self.numpy(), self.dtype, self.device, self.requires_grad, type(self)))
 
     def item(self):
         if self.numel() != 1:
@@ -216,9 +243,28 @@ def empty(*shape, dtype="float32", device="cpu", requires_grad=False, pin_memory
     return t.requires_grad_() if requires_grad else t
 
 
-def full(shape, value, dtype="float32", device="cpu", requires_grad=False):
-    t = empty(*_shape((shape,)), dtype=dtype, device=device).fill_(value)
+def _fill_dtype(value):
+    """full()'s dtype for a fill value, as PyTorch infers it: bool, int64 or float32."""
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "int64"
+    return "float32"
+
+
+def full(shape, value, dtype=None, device="cpu", requires_grad=False):
+    if isinstance(value, Tensor):
+        value = value.item()
+    t = empty(*_shape((shape,)), dtype=dtype or _fill_dtype(value), device=device).fill_(value)
     return t.requires_grad_() if requires_grad else t
+
+
+def full_like(t, value, dtype=None, device=None, requires_grad=False):
+    return full(t.shape, value, dtype or t.dtype, device or t.device, requires_grad)
+
+
+def empty_like(t, dtype=None, device=None):
+    return empty(*t.shape, dtype=dtype or t.dtype, device=device or t.device)
 
 
 def zeros(*shape, dtype="float32", device="cpu", requires_grad=False):
@@ -229,12 +275,20 @@ def ones(*shape, dtype="float32", device="cpu", requires_grad=False):
     return full(_shape(shape), 1.0, dtype, device, requires_grad)
 
 
-def zeros_like(t, dtype=None):
-    return zeros(t.shape, dtype=dtype or t.dtype, device=t.device)
+def zeros_like(t, dtype=None, device=None, requires_grad=False):
+    return zeros(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
 
 
-def ones_like(t, dtype=None):
-    return ones(t.shape, dtype=dtype or t.dtype, device=t.device)
+def ones_like(t, dtype=None, device=None, requires_grad=False):
+    return ones(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
+
+
+def randn_like(t, dtype=None, device=None, generator=None):
+    return randn(*t.shape, dtype=dtype or t.dtype, device=device or t.device, generator=generator)
+
+
+def rand_like(t, dtype=None, device=None, generator=None):
+    return rand(*t.shape, dtype=dtype or t.dtype, device=device or t.device, generator=generator)
 
 
 def randn(*shape, dtype="float32", device="cpu", requires_grad=False, generator=None):
@@ -247,5 +301,60 @@ def rand(*shape, dtype="float32", device="cpu", requires_grad=False, generator=N
     return t.requires_grad_() if requires_grad else t
 
 
-def arange(n, dtype="int64", device="cpu"):
-    return from_numpy(np.arange(n), dtype=dtype, device=device)
+def host_rng(generator, n):
+    """A NumPy generator for a host-side draw of n numbers from our generator's counter stream: the same
+    (seed, offset) gives the same numbers on every device, and the generator moves on by n."""
+    seed, offset = (generator or _random.default_generator).advance(n)
+    return np.random.default_rng([seed, offset])
+
+
+def randint(*args, size=None, generator=None, dtype="int64", device="cpu", requires_grad=False):
+    """randint(high, size) or randint(low, high, size): integers uniform in [low, high), as PyTorch's."""
+    if size is not None:
+        args = (*args, size)
+    if len(args) == 2:
+        low, (high, size) = 0, args
+    elif len(args) == 3:
+        low, high, size = args
+    else:
+        raise TypeError("randint(high, size) or randint(low, high, size)")
+    size = _shape((size,)) if isinstance(size, (tuple, list)) else _shape((size,))
+    low, high = int(low), int(high)
+    if high <= low:
+        raise ValueError(f"randint: need low < high, got [{low}, {high})")
+    n = int(np.prod(size)) if size else 1
+    values = host_rng(generator, n).integers(low, high, size=size, dtype=np.int64)
+    if requires_grad:
+        raise ValueError("randint: integer tensors cannot require grad")
+    return from_numpy(values, dtype=dtype, device=device)
+
+
+def randperm(n, generator=None, dtype="int64", device="cpu"):
+    return from_numpy(host_rng(generator, n).permutation(int(n)), dtype=dtype, device=device)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device="cpu", requires_grad=False):
+    """arange(end) or arange(start, end, step), as PyTorch: int64 when every bound is an integer, float32
+    otherwise (unless dtype says)."""
+    if end is None:
+        start, end = 0, start
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if isinstance(v, Tensor):
+            v = v.item()
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"arange: {name} must be a number, got {v!r}")
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    ints = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
+    values = np.arange(start, end, step, dtype=np.int64 if ints else np.float64)
+    t = from_numpy(values, dtype=dtype or ("int64" if ints else "float32"), device=device)
+    return t.requires_grad_() if requires_grad else t
+
+
+def _unpickle(array, dtype, device, requires_grad, cls):
+    t = from_numpy(array, dtype=dtype, device=device)
+    if cls is not Tensor:
+        t = cls(t, requires_grad) if requires_grad is not None else cls(t)
+    elif requires_grad:
+        t.requires_grad_()
+    return t

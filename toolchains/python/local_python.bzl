@@ -43,9 +43,10 @@ toolchain(
 """
 
 _PROBE = """
-import sysconfig, pybind11
+import sys, sysconfig, pybind11
 print(sysconfig.get_paths()["include"])
 print(pybind11.get_include())
+print("cp%d%d" % sys.version_info[:2])
 """
 
 def _local_python_impl(rctx):
@@ -57,11 +58,13 @@ def _local_python_impl(rctx):
     res = rctx.execute([python, "-c", _PROBE])
     if res.return_code != 0:
         fail("%s cannot import pybind11 (%s): run ./bazelw to install requirements.txt" % (python, res.stderr.strip()))
-    include, pybind_include = res.stdout.strip().split("\n")
+    include, pybind_include, tag = res.stdout.strip().split("\n")
     rctx.symlink(include, "python_include")
     rctx.symlink(pybind_include, "pybind11_include")
     rctx.file("WORKSPACE", "workspace(name = \"%s\")\n" % rctx.name)
     rctx.file("BUILD.bazel", _BUILD.format(interpreter = python))
+    # The wheel's Python tag (//python:wheel).
+    rctx.file("defs.bzl", "PYTHON_TAG = \"%s\"\n" % tag)
 
 local_python = repository_rule(
     implementation = _local_python_impl,

@@ -24,6 +24,7 @@
 
 #include "infinitrain/kernels/cpu/blas.h"
 #include "infinitrain/kernels/cpu/common.h"
+#include "infinitrain/kernels/cpu/fastmath.h"
 
 namespace infinitrain::cpu {
 namespace {
@@ -139,6 +140,13 @@ void Scores(const SdpaDims& d, const C* q, const C* k, C scale, C* sc) {
     Gemm<C>(false, true, d.T, d.S, d.D, scale, q, k, C(0), sc);
 }
 
+// Causal attention by blocks of query rows: rows [t0, t1) see keys [0, t1) only, so the products skip the
+// masked upper triangle (about half the work). Used when heads run one per thread (or on one thread), since
+// these products are single-threaded.
+constexpr int64_t kCausalBlock = 64;
+
+bool BlockedCausal(bool causal, int threads) { return causal && (threads > 1 || omp_get_max_threads() == 1); }
+
 template <typename T>
 void SdpaForward(KernelContext& ctx) {
     using C = Acc<T>;
@@ -173,28 +181,46 @@ void SdpaForward(KernelContext& ctx) {
         const C* qc = Widen(qh, td, qb);
         const C* kc = Widen(kp + kvh * sd, sd, kb);
         const C* vc = Widen(vp + kvh * sd, sd, vb);
-        Scores<C>(d, qc, kc, scale, sc);
+        const bool blocked = BlockedCausal(causal, threads);
+        if (blocked) {
+            for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {
+                int64_t t1 = std::min(d.T, t0 + kCausalBlock);
+                GemmSerial<C>(false, true, t1 - t0, t1, d.D, scale, qc + t0 * d.D, d.D, kc, d.D, C(0), sc + t0 * d.S,
+                              d.S);
+            }
+        } else {
+            Scores<C>(d, qc, kc, scale, sc);
+        }
         for (int64_t t = 0; t < d.T; ++t) {
             C* row = sc + t * d.S;
             int64_t n = causal ? t + 1 : d.S;
             C mx = -INFINITY;
-            for (int64_t s = 0; s < n; ++s) mx = std::fmax(mx, row[s]);
-            double sum = 0;  // the denominator accumulates in double
-            for (int64_t s = 0; s < n; ++s) {
-                row[s] = std::exp(row[s] - mx);
-                sum += row[s];
-            }
+            // A compare, not std::fmax (a libm call per element here); NaN is skipped either way.
+#pragma omp simd reduction(max : mx)
+            for (int64_t s = 0; s < n; ++s) mx = row[s] > mx ? row[s] : mx;
+                // Two loops: exp in the compute type, then the denominator in double (mixed widths in one loop
+                // do not vectorise).
+#pragma omp simd
+            for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - mx);
+            double sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t s = 0; s < n; ++s) sum += row[s];
             C inv = static_cast<C>(1.0 / sum);
             for (int64_t s = 0; s < n; ++s) row[s] *= inv;
             for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
             lh[t] = static_cast<C>(mx + std::log(sum));
         }
-        if constexpr (!kWiden) {
-            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc, vc, C(0), oh);
+        C* dst = kWiden ? ob : reinterpret_cast<C*>(oh);
+        if (blocked) {
+            for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {
+                int64_t t1 = std::min(d.T, t0 + kCausalBlock);
+                GemmSerial<C>(false, false, t1 - t0, d.D, t1, C(1), sc + t0 * d.S, d.S, vc, d.D, C(0), dst + t0 * d.D,
+                              d.D);
+            }
         } else {
-            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc, vc, C(0), ob);
-            StoreBlock(oh, ob, td);
+            Gemm<C>(false, false, d.T, d.D, d.S, C(1), sc, vc, C(0), dst);
         }
+        if constexpr (kWiden) StoreBlock(oh, ob, td);
     });
 }
 
@@ -274,29 +300,59 @@ void SdpaBackward(KernelContext& ctx) {
             const C* gc = Widen(gp + bh * td, td, gb);
             const T* oh = op + bh * td;
             const C* lh = lp + bh * d.T;
-            Scores<C>(d, qc, kc, scale, P);
+            const bool blocked = BlockedCausal(causal, threads);
+            if (blocked) {
+                for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {
+                    int64_t t1 = std::min(d.T, t0 + kCausalBlock);
+                    GemmSerial<C>(false, true, t1 - t0, t1, d.D, scale, qc + t0 * d.D, d.D, kc, d.D, C(0), P + t0 * d.S,
+                                  d.S);
+                }
+            } else {
+                Scores<C>(d, qc, kc, scale, P);
+            }
             for (int64_t t = 0; t < d.T; ++t) {
                 C* row = P + t * d.S;
                 int64_t n = causal ? t + 1 : d.S;
-                for (int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - lh[t]);
+                const C l = lh[t];
+#pragma omp simd
+                for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - l);
                 for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
             }
-            Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);  // dv += P^T dO
-            Gemm<C>(false, true, d.T, d.S, d.D, C(1), gc, vc, C(0), dP);  // dP = dO v^T
+            if (blocked) {
+                for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {  // dv += P^T dO, dP = dO v^T
+                    int64_t t1 = std::min(d.T, t0 + kCausalBlock);
+                    GemmSerial<C>(true, false, t1, d.D, t1 - t0, C(1), P + t0 * d.S, d.S, gc + t0 * d.D, d.D, C(1), dvb,
+                                  d.D);
+                    GemmSerial<C>(false, true, t1 - t0, t1, d.D, C(1), gc + t0 * d.D, d.D, vc, d.D, C(0), dP + t0 * d.S,
+                                  d.S);
+                }
+            } else {
+                Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);  // dv += P^T dO
+                Gemm<C>(false, true, d.T, d.S, d.D, C(1), gc, vc, C(0), dP);  // dP = dO v^T
+            }
             for (int64_t t = 0; t < d.T; ++t) {
                 double di = 0;  // rowsum(dO * out) in double
                 for (int64_t e = 0; e < d.D; ++e) di += static_cast<double>(gc[t * d.D + e]) * Load(oh + t * d.D + e);
                 C dc = static_cast<C>(di);
                 C *pr = P + t * d.S, *dr = dP + t * d.S;
-                for (int64_t s = 0; s < d.S; ++s) dr[s] = pr[s] * (dr[s] - dc);  // masked P is 0, so dS is too
+                // Masked P is 0, so dS is too; blocked, dP is written (and later read) up to the row block's end.
+                int64_t n = blocked ? std::min(d.T, (t / kCausalBlock + 1) * kCausalBlock) : d.S;
+                for (int64_t s = 0; s < n; ++s) dr[s] = pr[s] * (dr[s] - dc);
             }
-            Gemm<C>(true, false, d.S, d.D, d.T, scale, dP, qc, C(1), dkb);  // dk += dS^T q * scale
-            if constexpr (!kWiden) {
-                Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqp + bh * td);  // dq = dS k * scale
+            C* dqdst = kWiden ? dqb : reinterpret_cast<C*>(dqp + bh * td);
+            if (blocked) {
+                for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {  // dk += dS^T q * scale, dq = dS k * scale
+                    int64_t t1 = std::min(d.T, t0 + kCausalBlock);
+                    GemmSerial<C>(true, false, t1, d.D, t1 - t0, scale, dP + t0 * d.S, d.S, qc + t0 * d.D, d.D, C(1),
+                                  dkb, d.D);
+                    GemmSerial<C>(false, false, t1 - t0, d.D, t1, scale, dP + t0 * d.S, d.S, kc, d.D, C(0),
+                                  dqdst + t0 * d.D, d.D);
+                }
             } else {
-                Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqb);
-                StoreBlock(dqp + bh * td, dqb, td);
+                Gemm<C>(true, false, d.S, d.D, d.T, scale, dP, qc, C(1), dkb);     // dk += dS^T q * scale
+                Gemm<C>(false, false, d.T, d.D, d.S, scale, dP, kc, C(0), dqdst);  // dq = dS k * scale
             }
+            if constexpr (kWiden) StoreBlock(dqp + bh * td, dqb, td);
         }
         StoreBlock(dkp + bg * sd, dkb, sd);
         StoreBlock(dvp + bg * sd, dvb, sd);

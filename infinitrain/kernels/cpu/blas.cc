@@ -1,10 +1,10 @@
 // Makes OpenBLAS single-threaded for the whole process (see blas.h for why).
-#include <cblas.h>
+#include <scipy_openblas/cblas.h>
 
 namespace infinitrain::cpu {
 namespace {
 const bool kBlasSingleThreaded = [] {
-    openblas_set_num_threads(1);
+    scipy_openblas_set_num_threads(1);
     return true;
 }();
 }  // namespace

@@ -1,4 +1,5 @@
-// Matrix products for the CPU kernels, on OpenBLAS (CBLAS, row-major).
+// Matrix products for the CPU kernels, on OpenBLAS (CBLAS, row-major): the scipy-openblas32 wheel's build,
+// whose symbols carry a scipy_ prefix (toolchains/openblas).
 // OpenBLAS runs single-threaded (set once when the library loads): its thread
 // pool and OpenMP's spinning workers otherwise fight over the cores, which cost
 // up to 4x on a 2-core machine. Kernels parallelise with OpenMP instead; Gemm
@@ -6,8 +7,8 @@
 // region.
 #pragma once
 
-#include <cblas.h>
 #include <omp.h>
+#include <scipy_openblas/cblas.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -27,11 +28,11 @@ void GemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, cons
     }
     CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
     if constexpr (std::is_same_v<C, float>) {
-        cblas_sgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                    static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+        scipy_cblas_sgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+                          a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
     } else {
-        cblas_dgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                    static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+        scipy_cblas_dgemm(CblasRowMajor, oa, ob, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+                          a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
     }
 }
 

@@ -6,11 +6,13 @@
 //     dlogits[r] = grad * (softmax(logits[r]) - onehot(target[r])) / count, zero rows where the target is ignored.
 // loss and lse are float32, or float64 for float64 logits. Sums accumulate in double; the row loop runs in parallel
 // and the loss adds per-thread partial sums in thread order.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
 #include "infinitrain/kernels/cpu/common.h"
+#include "infinitrain/kernels/cpu/fastmath.h"
 
 namespace infinitrain::cpu {
 namespace {
@@ -53,9 +55,23 @@ void CrossEntropyKernel(KernelContext& ctx) {
                 double lse = -INFINITY;  // empty rows (V = 0): log(0)
                 if (vocab > 0) {
                     S mx = -INFINITY;
-                    for (int64_t j = 0; j < vocab; ++j) mx = std::fmax(mx, Load(row + j));
+                    // A compare, not std::fmax (a libm call per element here); NaN is skipped either way.
+#pragma omp simd reduction(max : mx)
+                    for (int64_t j = 0; j < vocab; ++j) {
+                        S v = Load(row + j);
+                        mx = v > mx ? v : mx;
+                    }
+                    // exp in the compute type a block at a time, summed in double: mixed widths in one loop do not
+                    // vectorise.
                     double sum = 0;
-                    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(Load(row + j) - mx);
+                    S buf[256];
+                    for (int64_t j0 = 0; j0 < vocab; j0 += 256) {
+                        int64_t m = std::min<int64_t>(256, vocab - j0);
+#pragma omp simd
+                        for (int64_t j = 0; j < m; ++j) buf[j] = Exp(Load(row + j0 + j) - mx);
+#pragma omp simd reduction(+ : sum)
+                        for (int64_t j = 0; j < m; ++j) sum += buf[j];
+                    }
                     lse = mx + std::log(sum);
                 }
                 lp[r] = static_cast<S>(lse);
@@ -121,11 +137,11 @@ void CrossEntropyBackwardKernel(KernelContext& ctx) {
                     for (int64_t j = 0; j < vocab; ++j) Store(drow + j, S(0));
                     continue;
                 }
-                double lse = lp[r];
-                for (int64_t j = 0; j < vocab; ++j) {
-                    double p = std::exp(static_cast<S>(Load(row + j) - lse));
-                    Store(drow + j, static_cast<S>(coef * (p - (j == tp[r] ? 1.0 : 0.0))));
-                }
+                const S lse = lp[r], c = static_cast<S>(coef);
+#pragma omp simd
+                for (int64_t j = 0; j < vocab; ++j) Store(drow + j, c * Exp(static_cast<S>(Load(row + j) - lse)));
+                // The target's element again, with its -1 before rounding to T.
+                Store(drow + tp[r], c * (Exp(static_cast<S>(Load(row + tp[r]) - lse)) - S(1)));
             }
         });
     });

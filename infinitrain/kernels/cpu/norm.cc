@@ -158,16 +158,20 @@ void NormForward(KernelContext& ctx, const char* op) {
                 const T* xr = xp + r * c;
                 T* yr = yp + r * c;
                 double mean = 0, var = 0;
+                // omp simd: the double sums vectorise in several partial sums (reassociated, still in double).
                 if (!kRms) {
+#pragma omp simd reduction(+ : mean)
                     for (int64_t j = 0; j < c; ++j) mean += Load(xr + j);
                     mean = c ? mean / c : 0.0;
                 }
+#pragma omp simd reduction(+ : var)
                 for (int64_t j = 0; j < c; ++j) {
                     double d = Load(xr + j) - mean;
                     var += d * d;
                 }
                 var = c ? var / c : 0.0;
                 double rstd = 1.0 / std::sqrt(var + eps);
+#pragma omp simd
                 for (int64_t j = 0; j < c; ++j) {
                     double v = (Load(xr + j) - mean) * rstd * Load(wp + j);
                     if (!kRms) v += Load(bp + j);
@@ -207,6 +211,7 @@ void NormBackward(KernelContext& ctx, const char* op) {
                 const T *gr = gp + r * c, *xr = xp + r * c;
                 double mean = mp ? static_cast<double>(mp[r]) : 0.0, rstd = rp[r];
                 double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat
+#pragma omp simd reduction(+ : sum_d, sum_dx)
                 for (int64_t j = 0; j < c; ++j) {
                     double gv = Load(gr + j), xh = (Load(xr + j) - mean) * rstd, d = gv * Load(wp + j);
                     sum_d += d;
@@ -215,6 +220,7 @@ void NormBackward(KernelContext& ctx, const char* op) {
                     dbs[j] += gv;
                 }
                 double mean_d = kRms ? 0.0 : sum_d / c, mean_dx = sum_dx / c;
+#pragma omp simd
                 for (int64_t j = 0; j < c; ++j) {
                     double xh = (Load(xr + j) - mean) * rstd, d = static_cast<double>(Load(gr + j)) * Load(wp + j);
                     Store(dxp + r * c + j, rstd * (d - mean_d - xh * mean_dx));

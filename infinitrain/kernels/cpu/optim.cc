@@ -25,6 +25,7 @@ void AdamWKernel(KernelContext& ctx) {
         const T* g = grad.data<T>();
         S *m = m_t.data<S>(), *v = v_t.data<S>();
         ParallelFor(param.numel(), 16, [&](int64_t b, int64_t e) {
+#pragma omp simd
             for (int64_t i = b; i < e; ++i) {
                 double gi = Load(g + i);
                 double mi = b1 * m[i] + (1.0 - b1) * gi;

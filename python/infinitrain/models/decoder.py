@@ -62,8 +62,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(C, cfg.n_kv_head * hd, False, device, std=0.02)
         self.v_proj = nn.Linear(C, cfg.n_kv_head * hd, False, device, std=0.02)
         self.o_proj = nn.Linear(cfg.n_head * hd, C, False, device, std=proj_std)
-        self.q_norm = nn.RMSNorm(hd, cfg.norm_eps, device) if qk_norm else None
-        self.k_norm = nn.RMSNorm(hd, cfg.norm_eps, device) if qk_norm else None
+        self.q_norm = nn.RMSNorm(hd, cfg.norm_eps, device=device) if qk_norm else None
+        self.k_norm = nn.RMSNorm(hd, cfg.norm_eps, device=device) if qk_norm else None
 
     def forward(self, x, cos, sin):
         B, T, _ = x.shape
@@ -83,9 +83,9 @@ class DecoderBlock(nn.Module):
     def __init__(self, cfg, i, device, proj_std, qk_norm):
         super().__init__()
         C = cfg.n_embd
-        self.input_layernorm = nn.RMSNorm(C, cfg.norm_eps, device)
+        self.input_layernorm = nn.RMSNorm(C, cfg.norm_eps, device=device)
         self.self_attn = Attention(cfg, device, proj_std, qk_norm)
-        self.post_attention_layernorm = nn.RMSNorm(C, cfg.norm_eps, device)
+        self.post_attention_layernorm = nn.RMSNorm(C, cfg.norm_eps, device=device)
         if is_sparse_layer(cfg, i):
             self.mlp = SparseMoE(
                 C,
@@ -117,7 +117,7 @@ class DecoderLM(nn.Module):
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.n_embd, device=device, std=0.02)
         self.layers = nn.ModuleList([DecoderBlock(cfg, i, device, proj_std, self.qk_norm) for i in range(cfg.n_layer)])
-        self.norm = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device)
+        self.norm = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device=device)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, False, device, std=0.02)
         self.aux_loss = None
@@ -155,9 +155,10 @@ class DecoderLM(nn.Module):
                 loss = loss + self.aux_loss * self.config.router_aux_loss_coef
         return logits, loss
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0, generator=None):
+        """idx [B, T] ids (a tensor, or an array) extended by max_new_tokens samples (models/sampling.py)."""
         cfg = self.config
-        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed, generator)
 
     # ---- Hugging Face checkpoints (models/hf.py) ----
     @classmethod

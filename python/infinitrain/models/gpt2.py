@@ -61,7 +61,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, device=device, std=proj_std)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
@@ -118,9 +118,10 @@ class GPT2(nn.Module):
             mask = self._pad_mask = from_numpy(cols, device=device)
         return mask
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0, generator=None):
+        """idx [B, T] ids (a tensor, or an array) extended by max_new_tokens samples (models/sampling.py)."""
         cfg = self.config
-        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed, generator)
 
     # ---- Hugging Face checkpoints (models/hf.py) ----
     @classmethod

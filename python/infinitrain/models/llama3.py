@@ -121,9 +121,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg, device, proj_std):
         super().__init__()
-        self.ln_1 = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device)
+        self.ln_1 = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device=device)
         self.attn = Attention(cfg, device, proj_std)
-        self.ln_2 = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device)
+        self.ln_2 = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device=device)
         self.mlp = MLP(cfg, device, proj_std)
 
     def forward(self, x, cos, sin):
@@ -138,7 +138,7 @@ class LLaMA3(nn.Module):
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd, device=device, std=0.02)
         self.h = nn.ModuleList([Block(cfg, device, proj_std) for _ in range(cfg.n_layer)])
-        self.ln_f = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device)
+        self.ln_f = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device=device)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, False, device, std=0.02)
         self._rope = None
 
@@ -165,9 +165,10 @@ class LLaMA3(nn.Module):
         loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0, generator=None):
+        """idx [B, T] ids (a tensor, or an array) extended by max_new_tokens samples (models/sampling.py)."""
         cfg = self.config
-        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed)
+        return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed, generator)
 
     # ---- Hugging Face checkpoints (models/hf.py) ----
     @classmethod

@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from infinitrain import autograd
-from infinitrain.tensor import from_numpy
+from infinitrain.tensor import Tensor, from_numpy, host_rng
 
 
 def check_ids(model_name, idx, targets, block_size):
@@ -22,9 +22,13 @@ def check_ids(model_name, idx, targets, block_size):
 
 
 @autograd.no_grad()
-def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0, top_k=None, seed=0):
-    """Extends int token array idx [B, T0] by max_new_tokens sampled tokens; returns the new [B, T0 + n] array."""
-    idx = np.asarray(idx, dtype=np.int64)
+def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0, top_k=None, seed=0, generator=None):
+    """Extends ids idx [B, T0] by max_new_tokens sampled tokens; returns [B, T0 + n] as idx came: a tensor on
+    idx's device (int64) for a tensor, an array for an array. Draws come from `generator` (an it.Generator,
+    which moves on) when given, else from NumPy seeded with `seed`."""
+    as_tensor = isinstance(idx, Tensor)
+    out_device = idx.device if as_tensor else None
+    idx = idx.numpy().astype(np.int64) if as_tensor else np.asarray(idx, dtype=np.int64)
     if idx.ndim != 2 or idx.shape[1] == 0:
         raise ValueError(f"generate: idx must be a non-empty [B, T] int array, got shape {idx.shape}")
     if idx.size and (idx.min() < 0 or idx.max() >= vocab_size):
@@ -35,7 +39,7 @@ def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0
         raise ValueError(f"generate: temperature must be >= 0, got {temperature}")
     if top_k is not None and top_k < 1:
         raise ValueError(f"generate: top_k must be >= 1 (or None for no filtering), got {top_k}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed) if generator is None else None
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -52,7 +56,8 @@ def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0
                 last = np.where(last < kth, -np.inf, last)
             p = np.exp(last - last.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
-            nxt = np.array([rng.choice(vocab_size, p=row) for row in p])
+            draw = rng if rng is not None else host_rng(generator, len(p))
+            nxt = np.array([draw.choice(vocab_size, p=row) for row in p])
         idx = np.concatenate([idx, nxt[:, None].astype(np.int64)], axis=1)
     model.train(was_training)
-    return idx
+    return from_numpy(idx, device=out_device) if as_tensor else idx

@@ -1,27 +1,49 @@
 """Neural-network building blocks with PyTorch's names."""
 
-from infinitrain.nn import functional
+from infinitrain.nn import functional, init, utils
 from infinitrain.nn.modules import (
+    GELU,
+    CrossEntropyLoss,
     Dropout,
     Embedding,
+    Identity,
     LayerNorm,
     Linear,
     Module,
+    ModuleDict,
     ModuleList,
+    MSELoss,
     Parameter,
+    ReLU,
     RMSNorm,
     Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
 )
 
 __all__ = [
+    "GELU",
+    "CrossEntropyLoss",
     "Dropout",
     "Embedding",
+    "Identity",
     "LayerNorm",
     "Linear",
+    "MSELoss",
     "Module",
+    "ModuleDict",
     "ModuleList",
     "Parameter",
     "RMSNorm",
+    "ReLU",
     "Sequential",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Tanh",
     "functional",
+    "init",
+    "utils",
 ]

@@ -5,8 +5,10 @@ from collections import OrderedDict
 
 import numpy as np
 
+from infinitrain import autograd
 from infinitrain import functional as F
-from infinitrain.tensor import Tensor, empty, from_numpy
+from infinitrain.nn import functional as nnF
+from infinitrain.tensor import DTYPES, Tensor, empty, from_numpy
 
 
 class Parameter(Tensor):
@@ -21,6 +23,8 @@ class Parameter(Tensor):
 class Module:
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
 
@@ -28,12 +32,19 @@ class Module:
         params = self.__dict__.get("_parameters")
         if params is None:
             raise RuntimeError(f"{type(self).__name__}.__init__ must call super().__init__() before setting attributes")
+        buffers = self.__dict__.get("_buffers", {})
         if isinstance(value, Parameter):
             params[name] = value
             self._modules.pop(name, None)
+            buffers.pop(name, None)
         elif isinstance(value, Module):
             self._modules[name] = value
             params.pop(name, None)
+            buffers.pop(name, None)
+        elif name in buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign {type(value).__name__} to buffer '{name}' (expected a Tensor or None)")
+            buffers[name] = value
         else:
             if name in params:
                 if value is not None:
@@ -41,6 +52,28 @@ class Module:
                 del params[name]
             self._modules.pop(name, None)
         object.__setattr__(self, name, value)
+
+    def register_buffer(self, name, tensor, persistent=True):
+        """A tensor the module keeps and moves with it but does not train; persistent ones are in state_dict."""
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"register_buffer: '{name}' must be a Tensor or None, got {type(tensor).__name__}")
+        if "." in name or not name:
+            raise KeyError(f"register_buffer: bad buffer name {name!r}")
+        self._buffers[name] = tensor
+        (self._non_persistent.discard if persistent else self._non_persistent.add)(name)
+        object.__setattr__(self, name, tensor)
+
+    def register_parameter(self, name, param):
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"register_parameter: '{name}' must be a Parameter or None")
+        if param is None:
+            self._parameters[name] = None
+            object.__setattr__(self, name, None)
+        else:
+            setattr(self, name, param)
+
+    def add_module(self, name, module):
+        setattr(self, name, module)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
@@ -52,27 +85,61 @@ class Module:
     def named_modules(self, prefix=""):
         yield prefix, self
         for name, m in self._modules.items():
-            yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
+            if m is not None:
+                yield from m.named_modules(f"{prefix}.{name}" if prefix else name)
 
     def modules(self):
         for _, m in self.named_modules():
             yield m
 
-    def children(self):
-        return iter(self._modules.values())
+    def named_children(self):
+        for name, m in self._modules.items():
+            if m is not None:
+                yield name, m
 
-    def named_parameters(self):
+    def children(self):
+        for _, m in self.named_children():
+            yield m
+
+    def get_submodule(self, target):
+        m = self
+        for part in target.split(".") if target else ():
+            if part not in m._modules:
+                raise AttributeError(f"{type(m).__name__} has no submodule '{part}' (in '{target}')")
+            m = m._modules[part]
+        return m
+
+    def apply(self, fn):
+        """Calls fn(module) on every submodule (children first) and on itself, as PyTorch; returns self."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
         seen = set()
-        for mname, m in self.named_modules():
+        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for mname, m in modules:
             for pname, p in m._parameters.items():
-                if p is None or id(p) in seen:
+                if p is None or (remove_duplicate and id(p) in seen):
                     continue
                 seen.add(id(p))
                 yield (f"{mname}.{pname}" if mname else pname), p
 
-    def parameters(self):
-        for _, p in self.named_parameters():
+    def parameters(self, recurse=True):
+        for _, p in self.named_parameters(recurse=recurse):
             yield p
+
+    def named_buffers(self, prefix="", recurse=True):
+        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for mname, m in modules:
+            for bname, b in m._buffers.items():
+                if b is not None:
+                    yield (f"{mname}.{bname}" if mname else bname), b
+
+    def buffers(self, recurse=True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
 
     def num_parameters(self):
         return sum(p.numel() for p in self.parameters())
@@ -86,20 +153,74 @@ class Module:
     def eval(self):
         return self.train(False)
 
-    def zero_grad(self):
+    def requires_grad_(self, requires_grad=True):
         for p in self.parameters():
-            p.grad = None
-
-    def to(self, *args, **kwargs):
-        """Moves or casts parameters in place (the Parameter objects are kept)."""
-        for p in self.parameters():
-            p._t = p.to(*args, **kwargs)._t
-            p.grad = None
+            p.requires_grad_(requires_grad)
         return self
 
+    def zero_grad(self, set_to_none=True):
+        for p in self.parameters():
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+    def to(self, *args, **kwargs):
+        """Moves parameters and buffers to a device and casts floating ones to a dtype, in place (the Parameter
+        objects are kept), as PyTorch's Module.to."""
+        dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
+        for a in args:
+            if a in DTYPES:
+                dtype = a
+            else:
+                device = a
+        non_blocking = kwargs.pop("non_blocking", False)
+        if kwargs:
+            raise TypeError(f"to() got unexpected arguments {sorted(kwargs)}")
+
+        def moved(t):
+            want = dtype if dtype is not None and t.is_floating_point() else None
+            return t.to(device=device, dtype=want, non_blocking=non_blocking)
+
+        for p in self.parameters():
+            p._t = moved(p)._t
+            p.grad = None
+        for m in self.modules():
+            for b in m._buffers.values():
+                if b is not None:
+                    b._t = moved(b)._t
+        return self
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def float(self):
+        return self.to("float32")
+
+    def double(self):
+        return self.to("float64")
+
+    def half(self):
+        return self.to("float16")
+
+    def bfloat16(self):
+        return self.to("bfloat16")
+
+    def _state_items(self):
+        """(name, tensor) of every parameter and persistent buffer, tied ones under each name (PyTorch's)."""
+        for mname, m in self.named_modules():
+            pre = f"{mname}." if mname else ""
+            for pname, p in m._parameters.items():
+                if p is not None:
+                    yield pre + pname, p
+            for bname, b in m._buffers.items():
+                if b is not None and bname not in m._non_persistent:
+                    yield pre + bname, b
+
     def state_dict(self):
-        """name -> Tensor (shared with the module; tied parameters appear once)."""
-        return OrderedDict(self.named_parameters())
+        """name -> Tensor, shared with the module: parameters and persistent buffers; a tied parameter appears
+        under each of its names, as in PyTorch."""
+        return OrderedDict(self._state_items())
 
     def load_state_dict(self, state, strict=True):
         own = self.state_dict()
@@ -114,76 +235,140 @@ class Module:
             shape = tuple(v.shape)
             if shape != p.shape:
                 raise ValueError(f"load_state_dict: '{name}' has shape {shape}, the module expects {p.shape}")
-            if isinstance(v, Tensor):
-                p.copy_(v)
-            else:
-                p.copy_(from_numpy(np.asarray(v), dtype=p.dtype, device=p.device))
+            with autograd.no_grad():
+                if isinstance(v, Tensor):
+                    p.copy_(v)
+                else:
+                    p.copy_(from_numpy(np.asarray(v), dtype=p.dtype, device=p.device))
         return missing, unexpected
 
+    def extra_repr(self):
+        return ""
+
     def __repr__(self):
-        lines = [f"{type(self).__name__}("]
+        extra = self.extra_repr()
+        lines = [f"{type(self).__name__}(" + extra]
         for name, m in self._modules.items():
             lines.append(f"  ({name}): " + repr(m).replace("\n", "\n  "))
-        return "\n".join(lines) + ")" if len(lines) > 1 else f"{type(self).__name__}()"
+        return "\n".join(lines) + "\n)" if len(lines) > 1 else f"{type(self).__name__}({extra})"
 
 
 def _init(shape, std, device, dtype, generator=None):
     return Parameter(empty(*shape, dtype=dtype, device=device).normal_(0.0, std, generator))
 
 
+def _uniform(shape, bound, device, dtype):
+    return Parameter(empty(*shape, dtype=dtype, device=device).uniform_(-bound, bound))
+
+
 class Linear(Module):
+    """y = x W^T + b. Initialised as PyTorch's (uniform in +-1/sqrt(in_features), weight and bias) unless `std`
+    asks for N(0, std^2) weights and a zero bias (GPT-2's scheme, which the models use)."""
+
     def __init__(self, in_features, out_features, bias=True, device="cpu", dtype="float32", std=None):
         super().__init__()
         if in_features < 1 or out_features < 1:
             raise ValueError(f"Linear needs positive sizes, got in_features={in_features}, out_features={out_features}")
         self.in_features, self.out_features = in_features, out_features
-        std = 1.0 / math.sqrt(in_features) if std is None else std
-        self.weight = _init((out_features, in_features), std, device, dtype)
-        self.bias = Parameter(empty(out_features, dtype=dtype, device=device).zero_()) if bias else None
+        device, dtype = device or "cpu", dtype or "float32"
+        if std is None:
+            bound = 1.0 / math.sqrt(in_features)
+            self.weight = _uniform((out_features, in_features), bound, device, dtype)
+            self.bias = _uniform((out_features,), bound, device, dtype) if bias else None
+        else:
+            self.weight = _init((out_features, in_features), std, device, dtype)
+            self.bias = Parameter(empty(out_features, dtype=dtype, device=device).zero_()) if bias else None
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
 
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
     def __repr__(self):
-        return f"Linear({self.in_features}, {self.out_features}, bias={self.bias is not None})"
+        return f"Linear({self.extra_repr()})"
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings, embedding_dim, device="cpu", dtype="float32", std=1.0):
+    """weight[ids] for int64 or int32 ids; N(0, 1) init as PyTorch (std overrides), padding_idx's row zero."""
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, device="cpu", dtype="float32", std=1.0):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.weight = _init((num_embeddings, embedding_dim), std, device, dtype)
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"padding_idx {padding_idx} is out of range for {num_embeddings} embeddings")
+            padding_idx %= num_embeddings
+        self.padding_idx = padding_idx
+        self.weight = _init((num_embeddings, embedding_dim), std, device or "cpu", dtype or "float32")
+        if padding_idx is not None:
+            with autograd.no_grad():
+                self.weight[padding_idx] = 0.0
 
     def forward(self, index):
-        return F.embedding(index, self.weight)
+        if self.padding_idx is None:
+            return F.embedding(index, self.weight)
+        return nnF.embedding(index, self.weight, self.padding_idx)
+
+    def extra_repr(self):
+        pad = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
     def __repr__(self):
-        return f"Embedding({self.num_embeddings}, {self.embedding_dim})"
+        return f"Embedding({self.extra_repr()})"
+
+
+def _norm_shape(normalized_shape):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not shape or any(int(d) < 1 for d in shape):
+        raise ValueError(f"normalized_shape must be positive sizes, got {normalized_shape!r}")
+    return shape
 
 
 class LayerNorm(Module):
-    def __init__(self, dim, eps=1e-5, device="cpu", dtype="float32"):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device="cpu", dtype="float32"):
         super().__init__()
-        self.eps = eps
-        self.weight = Parameter(empty(dim, dtype=dtype, device=device).fill_(1.0))
-        self.bias = Parameter(empty(dim, dtype=dtype, device=device).zero_())
+        self.normalized_shape, self.eps = _norm_shape(normalized_shape), eps
+        device, dtype = device or "cpu", dtype or "float32"
+        if elementwise_affine:
+            self.weight = Parameter(empty(*self.normalized_shape, dtype=dtype, device=device).fill_(1.0))
+            self.bias = Parameter(empty(*self.normalized_shape, dtype=dtype, device=device).zero_()) if bias else None
+        else:
+            self.weight = self.bias = None
 
     def forward(self, x):
-        return F.layer_norm(x, self.weight, self.bias, self.eps)
+        if len(self.normalized_shape) == 1 and self.weight is not None and self.bias is not None:
+            return F.layer_norm(x, self.weight, self.bias, self.eps)
+        return nnF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
 class RMSNorm(Module):
-    def __init__(self, dim, eps=1e-5, device="cpu", dtype="float32"):
+    """eps=None: the input dtype's machine epsilon, as PyTorch."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device="cpu", dtype="float32"):
         super().__init__()
-        self.eps = eps
-        self.weight = Parameter(empty(dim, dtype=dtype, device=device).fill_(1.0))
+        self.normalized_shape, self.eps = _norm_shape(normalized_shape), eps
+        device, dtype = device or "cpu", dtype or "float32"
+        self.weight = (
+            Parameter(empty(*self.normalized_shape, dtype=dtype, device=device).fill_(1.0))
+            if elementwise_affine
+            else None
+        )
 
     def forward(self, x):
-        return F.rms_norm(x, self.weight, self.eps)
+        if len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None:
+            return F.rms_norm(x, self.weight, self.eps)
+        return nnF.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
 class Dropout(Module):
-    def __init__(self, p=0.5):
+    def __init__(self, p=0.5, inplace=False):
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
@@ -191,6 +376,92 @@ class Dropout(Module):
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class Identity(Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class GELU(Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x):
+        return F.gelu(x, self.approximate)
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
+
+
+class _Elementwise(Module):
+    fn = None
+
+    def __init__(self, inplace=False):
+        super().__init__()
+
+    def forward(self, x):
+        return type(self).fn(x)
+
+
+class ReLU(_Elementwise):
+    fn = staticmethod(F.relu)
+
+
+class SiLU(_Elementwise):
+    fn = staticmethod(F.silu)
+
+
+class Tanh(_Elementwise):
+    fn = staticmethod(F.tanh)
+
+
+class Sigmoid(_Elementwise):
+    fn = staticmethod(F.sigmoid)
+
+
+class Softmax(Module):
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = -1 if dim is None else dim
+
+    def forward(self, x):
+        return F.softmax(x, self.dim)
+
+
+class CrossEntropyLoss(Module):
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        super().__init__()
+        if weight is not None:
+            raise NotImplementedError("CrossEntropyLoss: class weights are not supported")
+        self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
+
+    def forward(self, input, target):
+        return F.cross_entropy(
+            input,
+            target,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
+
+
+class MSELoss(Module):
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return F.mse_loss(input, target, self.reduction)
 
 
 class ModuleList(Module):
@@ -203,8 +474,14 @@ class ModuleList(Module):
         setattr(self, str(len(self._modules)), m)
         return self
 
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
     def __getitem__(self, i):
-        return list(self._modules.values())[i]
+        items = list(self._modules.values())
+        return ModuleList(items[i]) if isinstance(i, slice) else items[i]
 
     def __len__(self):
         return len(self._modules)
@@ -213,9 +490,56 @@ class ModuleList(Module):
         return iter(self._modules.values())
 
 
+class ModuleDict(Module):
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def update(self, modules):
+        items = modules.items() if hasattr(modules, "items") else modules
+        for k, m in items:
+            self[k] = m
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleDict values must be Modules, got {type(module).__name__} for '{key}'")
+        setattr(self, key, module)
+
+    def __delitem__(self, key):
+        del self._modules[key]
+        object.__delattr__(self, key)
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+
 class Sequential(ModuleList):
     def __init__(self, *modules):
-        super().__init__(modules)
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            super().__init__()
+            for k, m in modules[0].items():
+                setattr(self, k, m)
+        else:
+            super().__init__(modules)
 
     def forward(self, x):
         for m in self:

@@ -1,6 +1,7 @@
 """Optimizers, learning-rate schedules and gradient clipping."""
 
+from infinitrain.optim import lr_scheduler
 from infinitrain.optim.lr_scheduler import WarmupCosine, warmup_cosine_lr
-from infinitrain.optim.optimizers import SGD, AdamW, Optimizer, clip_grad_norm_
+from infinitrain.optim.optimizers import SGD, Adam, AdamW, Optimizer, clip_grad_norm_
 
-__all__ = ["SGD", "AdamW", "Optimizer", "WarmupCosine", "clip_grad_norm_", "warmup_cosine_lr"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "WarmupCosine", "clip_grad_norm_", "lr_scheduler", "warmup_cosine_lr"]

@@ -38,3 +38,55 @@ class WarmupCosine:
         self.last_step += 1
         self.optimizer.lr = self.get_lr(self.last_step)
         return self.optimizer.lr
+
+
+class LRScheduler:
+    """PyTorch's scheduler protocol: each group's lr = its initial lr * factor(epoch); step() advances."""
+
+    def __init__(self, optimizer, last_epoch=-1):
+        self.optimizer = optimizer
+        for g in optimizer.param_groups:
+            g.setdefault("initial_lr", g["lr"])
+        self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self.step()
+
+    def factor(self, epoch):
+        raise NotImplementedError
+
+    def get_last_lr(self):
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def step(self):
+        self.last_epoch += 1
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            g["lr"] = base * self.factor(self.last_epoch)
+
+    def state_dict(self):
+        return {"last_epoch": self.last_epoch, "base_lrs": list(self.base_lrs)}
+
+    def load_state_dict(self, state):
+        self.last_epoch, self.base_lrs = state["last_epoch"], list(state["base_lrs"])
+
+
+class LambdaLR(LRScheduler):
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        self.lr_lambda = lr_lambda
+        super().__init__(optimizer, last_epoch)
+
+    def factor(self, epoch):
+        return self.lr_lambda(epoch)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """lr = eta_min + (base - eta_min) (1 + cos(pi epoch / T_max)) / 2 (the closed form)."""
+
+    def __init__(self, optimizer, T_max, eta_min=0.0, last_epoch=-1):  # noqa: N803 (PyTorch's name)
+        self.T_max, self.eta_min = T_max, eta_min
+        super().__init__(optimizer, last_epoch)
+
+    def step(self):
+        self.last_epoch += 1
+        c = 0.5 * (1.0 + math.cos(math.pi * self.last_epoch / self.T_max))
+        for g, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            g["lr"] = self.eta_min + (base - self.eta_min) * c

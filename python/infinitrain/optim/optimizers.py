@@ -1,7 +1,9 @@
-"""SGD and AdamW over lists of parameters; updates run as in-place kernels."""
+"""SGD, Adam and AdamW with PyTorch's param_groups; updates run as in-place kernels."""
 
 import math
 import numbers
+
+import numpy as np
 
 from infinitrain import autograd, dispatch
 from infinitrain import functional as F
@@ -20,44 +22,167 @@ def _hyper(name, value, lo, hi, hi_open=False, lo_open=False):
     return value
 
 
+def _lr(value):
+    return _hyper("learning rate", value, 0.0, math.inf, hi_open=True)
+
+
+def _betas(betas):
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise ValueError(f"betas must be a pair, got {betas!r}") from None
+    return (_hyper("betas[0]", b1, 0.0, 1.0, hi_open=True), _hyper("betas[1]", b2, 0.0, 1.0, hi_open=True))
+
+
 class Optimizer:
-    def __init__(self, params, lr):
-        self.params = [p for p in params]
-        if not self.params:
+    """Parameters in param_groups (PyTorch's): each group a dict with 'params' and its own hyper-parameters
+    (defaults fill what a group leaves out). Hyper-parameters are checked when set and again at every step,
+    since a group's dict may be edited directly (`group['lr'] = ...`)."""
+
+    def __init__(self, params, defaults):
+        if isinstance(params, Tensor):
+            raise TypeError("params must be an iterable of tensors or of dicts, not a single tensor")
+        groups = list(params)
+        if not groups:
             raise ValueError("optimizer got an empty parameter list")
-        self.lr = lr
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.defaults = dict(defaults)
+        self.param_groups = []
+        self.state = {}
         self.step_count = 0
+        for g in groups:
+            self.add_param_group(g)
+
+    def add_param_group(self, group):
+        if not isinstance(group, dict) or "params" not in group:
+            raise TypeError("a parameter group must be a dict with 'params'")
+        params = group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer parameters must be tensors, got {type(p).__name__}")
+            if id(p) in seen:
+                raise ValueError("a parameter appears in more than one parameter group (or twice)")
+            seen.add(id(p))
+        unknown = set(group) - set(self.defaults) - {"params"}
+        if unknown:
+            raise ValueError(f"unknown optimizer options {sorted(unknown)} (known: {sorted(self.defaults)})")
+        full = {**self.defaults, **group, "params": params}
+        self._check(full)
+        self.param_groups.append(full)
+        self._init_state(params)
+
+    @property
+    def params(self):
+        """Every parameter, in group order (state is indexed by this order)."""
+        return [p for g in self.param_groups for p in g["params"]]
 
     @property
     def lr(self):
-        return self._lr
+        """The first group's learning rate; setting it sets every group's (what schedules do)."""
+        return self.param_groups[0]["lr"]
 
     @lr.setter
     def lr(self, value):
-        self._lr = _hyper("learning rate", value, 0.0, math.inf, hi_open=True)
+        value = _lr(value)
+        for g in self.param_groups:
+            g["lr"] = value
 
-    def zero_grad(self):
+    def _check(self, group):
+        group["lr"] = _lr(group["lr"])
+        if "weight_decay" in group:
+            group["weight_decay"] = _hyper("weight_decay", group["weight_decay"], 0.0, math.inf, hi_open=True)
+
+    def _init_state(self, params):
+        pass
+
+    def zero_grad(self, set_to_none=True):
         for p in self.params:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with autograd.enable_grad():
+                loss = closure()
+        self.step_count += 1
+        with autograd.no_grad():
+            for g in self.param_groups:
+                self._check(g)
+                self._step_group(g)
+        return loss
+
+    # ---- state ----
+    def _param_state(self, i):
+        """PyTorch's per-parameter state dict for parameter index i (live tensors)."""
+        return {}
 
     def state_dict(self):
-        """Host copies of the optimizer state: {'step': int, 'lr': float, 'tensors': {name: ndarray}}."""
-        return {"step": self.step_count, "lr": self.lr, "tensors": self._state_tensors()}
+        """PyTorch's layout, {'state': {i: {...}}, 'param_groups': [{..., 'params': [i, ...]}]}, with live
+        tensors, plus infinitrain's flat view that the train CLI's checkpoints use: 'step', 'lr' and 'tensors'
+        (name -> the same tensors)."""
+        groups, start = [], 0
+        for g in self.param_groups:
+            n = len(g["params"])
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": list(range(start, start + n))})
+            start += n
+        state = {}
+        for i in range(start):
+            s = self._param_state(i)
+            if s:
+                state[i] = {"step": self.step_count, **s}
+        return {
+            "state": state,
+            "param_groups": groups,
+            "step": self.step_count,
+            "lr": self.lr,
+            "tensors": self._state_tensors_live(),
+        }
 
     def load_state_dict(self, state):
-        """Restores step, lr and every state tensor; refuses state that does not fit this optimizer."""
-        own = self._state_tensors_live(state["tensors"].keys())
-        unexpected = sorted(set(state["tensors"]) - set(own))
-        missing = sorted(set(own) - set(state["tensors"]))
+        """Restores hyper-parameters, step and state tensors from state_dict()'s output (or from the flat view
+        alone, as older checkpoints hold it); refuses state that does not fit this optimizer."""
+        if "param_groups" in state:
+            saved = state["param_groups"]
+            if len(saved) != len(self.param_groups):
+                n = len(self.param_groups)
+                raise ValueError(f"optimizer state has {len(saved)} parameter groups, this optimizer {n}")
+            for g, s in zip(self.param_groups, saved, strict=True):
+                if len(s["params"]) != len(g["params"]):
+                    raise ValueError("optimizer state does not fit: a parameter group has another size")
+            tensors = state.get("tensors") or self._tensors_from_state(state.get("state", {}))
+            step = state.get("step")
+            if step is None:
+                steps = [s.get("step") for s in state.get("state", {}).values()]
+                step = int(max(steps)) if steps else 0
+        else:
+            saved, tensors, step = None, state["tensors"], state["step"]
+        own = self._state_tensors_live(tensors.keys())
+        unexpected = sorted(set(tensors) - set(own))
+        missing = sorted(set(own) - set(tensors))
         if unexpected or missing:
             raise KeyError(f"optimizer state does not fit: missing {missing}, unexpected {unexpected}")
         for name, t in own.items():
-            value = state["tensors"][name]
+            value = tensors[name]
             if tuple(value.shape) != t.shape:
                 raise ValueError(f"optimizer state '{name}' has shape {tuple(value.shape)}, expected {t.shape}")
-            t.copy_(value)
-        self.step_count = int(state["step"])
-        self.lr = float(state["lr"])
+        for name, t in own.items():
+            t.copy_(tensors[name])
+        self.step_count = int(step)
+        if saved is not None:
+            for g, s in zip(self.param_groups, saved, strict=True):
+                g.update({k: (tuple(v) if k == "betas" else v) for k, v in s.items() if k != "params"})
+                self._check(g)
+        else:
+            self.lr = float(state["lr"])
+
+    def _tensors_from_state(self, state):
+        return {}
 
     def _state_tensors_live(self, wanted=None):
         """name -> state tensor; `wanted` (names being loaded) lets lazily created state appear first."""
@@ -68,69 +193,135 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """p -= lr * (g + weight_decay * p), with optional momentum buffer b = momentum * b + g."""
+    """p -= lr * b with b = momentum * b + (g + weight_decay * p) (b = g without momentum), or the Nesterov
+    form g + momentum * b, as PyTorch's SGD without dampening."""
 
-    def __init__(self, params, lr=1e-3, momentum=0.0, weight_decay=0.0):
-        super().__init__(params, lr)
-        self.momentum = _hyper("momentum", momentum, 0.0, 1.0)
-        self.weight_decay = _hyper("weight_decay", weight_decay, 0.0, math.inf, hi_open=True)
-        self.buffers = [None] * len(self.params)
+    def __init__(self, params, lr=1e-3, momentum=0.0, weight_decay=0.0, nesterov=False, dampening=0.0):
+        if dampening:
+            raise NotImplementedError("SGD: dampening is not supported")
+        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": bool(nesterov)}
+        self.buffers = []
+        super().__init__(params, defaults)
 
-    @autograd.no_grad()
-    def step(self):
-        self.step_count += 1
-        for i, p in enumerate(self.params):
+    @property
+    def momentum(self):
+        return self.param_groups[0]["momentum"]
+
+    @property
+    def weight_decay(self):
+        return self.param_groups[0]["weight_decay"]
+
+    def _check(self, group):
+        super()._check(group)
+        group["momentum"] = _hyper("momentum", group["momentum"], 0.0, 1.0)
+        if group["nesterov"] and not group["momentum"]:
+            raise ValueError("SGD: nesterov needs momentum > 0")
+
+    def _init_state(self, params):
+        self.buffers += [None] * len(params)
+
+    def _step_group(self, group):
+        start = self._offset(group)
+        lr, mom, wd = group["lr"], group["momentum"], group["weight_decay"]
+        for j, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
             g = p.grad
-            if self.weight_decay:
-                g = g + p * self.weight_decay
-            if self.momentum:
+            if wd:
+                g = g + p * wd
+            if mom:
+                i = start + j
                 if self.buffers[i] is None:
                     self.buffers[i] = g.clone()
                 else:
                     b = self.buffers[i]
-                    dispatch.call("copy_", [b, b * self.momentum + g])
-                g = self.buffers[i]
-            dispatch.call("axpy_", [p, g], [-self.lr])
+                    dispatch.call("copy_", [b, b * mom + g])
+                g = g + self.buffers[i] * mom if group["nesterov"] else self.buffers[i]
+            dispatch.call("axpy_", [p, g], [-lr])
+
+    def _offset(self, group):
+        start = 0
+        for g in self.param_groups:
+            if g is group:
+                return start
+            start += len(g["params"])
+        raise ValueError("not a parameter group of this optimizer")
+
+    def _param_state(self, i):
+        return {} if self.buffers[i] is None else {"momentum_buffer": self.buffers[i]}
+
+    def _tensors_from_state(self, state):
+        return {f"momentum.{i}": s["momentum_buffer"] for i, s in state.items() if "momentum_buffer" in s}
 
     def _state_tensors_live(self, wanted=None):
+        params = self.params
         for name in wanted or ():
             i = int(name.split(".")[1]) if name.startswith("momentum.") and name[9:].isdigit() else -1
-            if 0 <= i < len(self.params) and self.buffers[i] is None:
-                p = self.params[i]
+            if 0 <= i < len(params) and self.buffers[i] is None:
+                p = params[i]
                 self.buffers[i] = zeros(p.shape, dtype=p.dtype, device=p.device)
         return {f"momentum.{i}": b for i, b in enumerate(self.buffers) if b is not None}
 
 
 class AdamW(Optimizer):
-    """Adam with decoupled weight decay (Loshchilov & Hutter), PyTorch's AdamW formula, fused per tensor."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter), PyTorch's AdamW formula, fused per tensor.
+    Moments are float32 (float64 for float64 parameters)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        super().__init__(params, lr)
-        try:
-            b1, b2 = betas
-        except (TypeError, ValueError):
-            raise ValueError(f"betas must be a pair, got {betas!r}") from None
-        b1 = _hyper("betas[0]", b1, 0.0, 1.0, hi_open=True)
-        b2 = _hyper("betas[1]", b2, 0.0, 1.0, hi_open=True)
-        self.betas = (b1, b2)
-        self.eps = _hyper("eps", eps, 0.0, math.inf, lo_open=True, hi_open=True)
-        self.weight_decay = _hyper("weight_decay", weight_decay, 0.0, math.inf, hi_open=True)
+    decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False):
+        if amsgrad:
+            raise NotImplementedError(f"{type(self).__name__}: amsgrad is not supported")
+        self.m, self.v = [], []
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @property
+    def betas(self):
+        return self.param_groups[0]["betas"]
+
+    @property
+    def eps(self):
+        return self.param_groups[0]["eps"]
+
+    @property
+    def weight_decay(self):
+        return self.param_groups[0]["weight_decay"]
+
+    def _check(self, group):
+        super()._check(group)
+        group["betas"] = _betas(group["betas"])
+        group["eps"] = _hyper("eps", group["eps"], 0.0, math.inf, lo_open=True, hi_open=True)
+
+    def _init_state(self, params):
         stat = lambda p: "float64" if p.dtype == "float64" else "float32"  # noqa: E731
-        self.m = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
-        self.v = [zeros(p.shape, dtype=stat(p), device=p.device) for p in self.params]
+        self.m += [zeros(p.shape, dtype=stat(p), device=p.device) for p in params]
+        self.v += [zeros(p.shape, dtype=stat(p), device=p.device) for p in params]
 
-    @autograd.no_grad()
-    def step(self):
-        self.step_count += 1
-        b1, b2 = self.betas
-        attrs = [float(self.lr), b1, b2, float(self.eps), float(self.weight_decay), self.step_count]
-        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+    def _step_group(self, group):
+        b1, b2 = group["betas"]
+        wd = group["weight_decay"]
+        attrs = [group["lr"], b1, b2, group["eps"], wd if self.decoupled else 0.0, self.step_count]
+        start = 0
+        for g in self.param_groups:
+            if g is group:
+                break
+            start += len(g["params"])
+        for j, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
-            g = p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype)
-            dispatch.call("adamw_", [p, g, m, v], attrs)
+            grad = p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype)
+            if wd and not self.decoupled:
+                grad = grad + p * wd  # Adam's L2 penalty enters the moments
+            dispatch.call("adamw_", [p, grad, self.m[start + j], self.v[start + j]], attrs)
+
+    def _param_state(self, i):
+        return {"exp_avg": self.m[i], "exp_avg_sq": self.v[i]}
+
+    def _tensors_from_state(self, state):
+        out = {}
+        for i, s in state.items():
+            out[f"m.{i}"], out[f"v.{i}"] = s["exp_avg"], s["exp_avg_sq"]
+        return out
 
     def _state_tensors_live(self, wanted=None):
         out = {}
@@ -139,12 +330,24 @@ class AdamW(Optimizer):
         return out
 
 
+class Adam(AdamW):
+    """Adam (weight decay as an L2 penalty added to the gradient, PyTorch's Adam); default weight_decay 0."""
+
+    decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad)
+
+
 @autograd.no_grad()
-def clip_grad_norm_(params, max_norm):
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
     """Scales gradients so their global L2 norm is at most max_norm; returns the norm before clipping
     as a 0-d tensor on the gradients' device (no host synchronisation)."""
+    if norm_type != 2.0:
+        raise NotImplementedError(f"clip_grad_norm_: only norm_type=2 is supported, got {norm_type}")
     if max_norm is not None:
         _hyper("max_norm", max_norm, 0.0, math.inf)  # inf: no clipping; NaN is an error, not "no clipping"
+    params = [parameters] if isinstance(parameters, Tensor) else parameters
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
@@ -153,6 +356,8 @@ def clip_grad_norm_(params, max_norm):
     for s in sq[1:]:
         total = total + s
     norm = F.sqrt(total)
+    if error_if_nonfinite and not np.isfinite(norm.item()):
+        raise RuntimeError(f"clip_grad_norm_: the total gradient norm is {norm.item()}")
     if max_norm is not None and math.isfinite(max_norm):
         # coef = min(max_norm / (norm + 1e-6), 1), computed on the device.
         coef = F.clamp(F.pow(F.affine(norm, 1.0, 1e-6), -1.0) * float(max_norm), None, 1.0)

@@ -1,0 +1,63 @@
+"""Messages a new user meets on the way through the README: --help succeeds and names the command, the
+corpus download says what it does and, without network, suggests --input_bin, an unknown provider names the
+--config to build, and importing the package from a checkout without a build says what to run."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import infinitrain
+
+
+def _run(*args, env_extra=None, cwd=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env_extra or {}))
+    env.pop("BUILD_WORKSPACE_DIRECTORY", None)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=300, cwd=cwd, stdin=subprocess.DEVNULL
+    )
+
+
+def test_help_exits_zero_and_names_the_command():
+    p = _run("-m", "infinitrain.train", "--help")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout + p.stderr
+    assert "./bazelw run //python:train" in out and "--num_iteration" in out
+    assert "embedded" not in out and "_bazel_" not in out  # no Bazel cache path as the program name
+
+
+def test_offline_corpus_download_says_so_and_suggests_input_bin(tmp_path):
+    # pip pointed at a closed loopback port: the download fails at once, as offline.
+    env = {
+        "INFINITRAIN_CACHE": str(tmp_path / "cache"),
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+        "PIP_NO_CACHE_DIR": "1",
+    }
+    p = _run("-m", "infinitrain.train", "--num_iteration=1", "--device=cpu", env_extra=env)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "downloading the default corpus" in p.stderr
+    assert "--input_bin" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_unknown_provider_names_the_config(tmp_path):
+    p = _run("-c", "import infinitrain as it; it.zeros(2, device='nosuchprov:0')")
+    assert p.returncode != 0
+    assert "unknown device type 'nosuchprov'" in p.stderr and "--config=nosuchprov" in p.stderr
+
+
+def test_import_without_a_build_says_what_to_run(tmp_path):
+    src = os.path.dirname(infinitrain.__file__)
+    shutil.copytree(src, tmp_path / "infinitrain", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    env = {"PYTHONPATH": str(tmp_path)}
+    p = subprocess.run(
+        [sys.executable, "-c", "import infinitrain"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env, "PYTHONNOUSERSITE": "1"},
+        timeout=120,
+    )
+    assert p.returncode != 0
+    assert "./bazelw run //python:develop" in p.stderr and "circular import" not in p.stderr, p.stderr
