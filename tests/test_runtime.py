@@ -98,6 +98,7 @@ def test_stream_waits_for_event_on_another_stream():
     a = gen.standard_normal((n, n))
     ws = [gen.standard_normal((n, n)) / np.sqrt(n) for _ in range(k)]
     x, wt = to_device(a, "float64"), [to_device(w, "float64") for w in ws]
+    runtime.synchronize(DEV)  # the uploads ran on the default stream: they land before another stream reads them
     sa, sb = runtime.Stream(DEV), runtime.Stream(DEV)
     done = runtime.Event(DEV)
     with runtime.stream(sa):
@@ -166,6 +167,7 @@ def test_streams_come_from_a_pool_and_stay_valid():
     assert all(not s.is_default for s in streams) or TYPE == "cpu"
     x = to_device(np.arange(4.0), "float64")
     s = streams[3]
+    runtime.synchronize(DEV)  # the uploads ran on the default stream: they land before another stream reads them
     del streams
     gc.collect()
     with runtime.stream(s):
@@ -275,6 +277,7 @@ def test_block_used_on_another_stream_waits_for_it():
     ws = [to_device(gen.standard_normal((n, n)) / np.sqrt(n), "float64") for _ in range(40)]
     a_host = gen.standard_normal((n, n))
     a = to_device(a_host, "float64")  # allocated on the default stream
+    runtime.synchronize(DEV)  # the uploads ran on the default stream: they land before another stream reads them
     s, passed = runtime.Stream(DEV), runtime.Event(DEV)
     with runtime.stream(s):
         y = _chain(x, ws)  # keeps stream s busy for a while

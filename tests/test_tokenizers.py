@@ -13,11 +13,20 @@ from infinitrain.data import hf_tokenizer, read_tokens, read_tokens_header
 from infinitrain.data.hf_tokenizer import HFTokenizer, train_bpe
 from infinitrain.data.shakespeare import _valid, corpus_paths
 
-# Used when the Shakespeare corpus is not cached on this machine (the tests do not download it).
-FALLBACK = [
-    "Now is the hour when every lantern in the market burns low, and the players count their coins.\n"
-    "What say you, friend? Shall we walk to the river, or stay and hear the fiddler play once more?\n"
-] * 40
+
+# Used when the Shakespeare corpus is not cached on this machine (the tests do not download it): seeded
+# pseudo-words around common English ones, varied enough that the BPE learns every merge it is asked for.
+def _fallback_docs():
+    gen = np.random.default_rng(7)
+    syllables = [c + v for c in "bcdfghklmnprstvwz" for v in "aeiou"]
+    common = ["the", "and", "thou", "shall", "what", "friend", "lantern", "river"]
+
+    def word():
+        if gen.random() < 0.3:
+            return common[gen.integers(len(common))]
+        return "".join(gen.choice(syllables, gen.integers(1, 4)))
+
+    return [" ".join(word() for _ in range(400)) + ".\n" for _ in range(12)]
 
 
 def corpus_docs():
@@ -27,7 +36,7 @@ def corpus_docs():
     )
     train, _ = corpus_paths(cache)
     if not _valid(train):
-        return FALLBACK
+        return _fallback_docs()
     return hf_tokenizer.corpus_documents(train)[:12]
 
 
