@@ -34,7 +34,9 @@ public:
     bool pinned() const { return pinned_; }
     // Work on `stream` uses this memory: when freed, it waits for that work (stream-ordered reuse).
     void RecordStream(const Stream& stream) {
-        if (block_ && stream.handle() != block_->stream.handle()) block_->owner->RecordStream(block_, stream);
+        // Streams compare with their device: a pinned block belongs to the cpu stream, whose null handle is every
+        // default stream's too.
+        if (block_ && stream != block_->stream) block_->owner->RecordStream(block_, stream);
     }
     // Counts in-place writes (the dispatcher bumps it), so autograd can detect saved tensors that changed.
     uint64_t version() const { return version_; }

@@ -77,6 +77,31 @@ def test_non_blocking_copy_from_pinned_memory_reads_when_it_runs():
 
 
 @needs_async
+def test_pinned_source_freed_before_its_copy_runs_is_not_reused():
+    """A non-blocking copy from pinned memory on the device's default stream, its source freed at once: the
+    buffer must not be handed out again before the copy ran. (The pinned block belongs to the cpu's stream, whose
+    handle is null like every default stream's, which once hid the use.)"""
+    default = runtime.default_stream(DEV)
+    a = np.random.default_rng().standard_normal(4096)
+    for n in (192, 512, 1024, 2048, 4096):
+        keep = _busy(default, n=n)
+        before_copy = runtime.Event(DEV)
+        with runtime.stream(default):
+            before_copy.record()
+            late = it.from_numpy(a, pin_memory=True).to(DEV, non_blocking=True)  # the source is freed here
+        busy = not before_copy.query()
+        again = it.empty(4096, dtype="float64", pin_memory=True)  # the freed block's size
+        host = again._t.host_array()
+        host[:] = np.full(4096, -1.0).view(host.dtype)
+        runtime.synchronize(DEV)
+        del keep
+        if busy:
+            break
+    assert busy, "the device finished the held-up work before the host wrote: make _busy longer"
+    np.testing.assert_array_equal(late.numpy(), a)
+
+
+@needs_async
 def test_non_blocking_copy_to_pinned_host_memory():
     a = np.random.default_rng().standard_normal((64, 9))
     x = to_device(a, "float64")
