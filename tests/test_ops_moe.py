@@ -51,3 +51,17 @@ def test_unpermute_backward(dtype, n, k, c):
     want_dw = np.zeros(n * k)
     want_dw[source] = (grad[source // k] * y).sum(-1)
     assert_close(dw, want_dw.reshape(n, k), "float32", what="dweights")
+
+
+@pytest.mark.parametrize("composite", [False, True], ids=["kernel", "composite"])
+@pytest.mark.parametrize("bad", [[0, 2, 2, 3], [0, 1, 4, 3], [0, -1, 2, 3]], ids=["repeat", "high", "negative"])
+def test_unpermute_refuses_a_source_that_is_no_permutation(bad, composite):
+    """A repeated or out-of-range source row would silently drop or mix tokens: kernel and composite refuse it."""
+    from infinitrain import dispatch
+
+    g = rng()
+    ins = [to_device(g.standard_normal((4, 3)), "float32"), to_device(np.array(bad), "int64")]
+    ins.append(to_device(g.uniform(0, 1, (2, 2)), "float32"))
+    with dispatch.prefer_composites(["moe_unpermute"] if composite else []):
+        with pytest.raises(ValueError, match=r"moe_unpermute: source must be a permutation of \[0, 4\)"):
+            run("moe_unpermute", ins)

@@ -58,6 +58,11 @@ __device__ __forceinline__ double ToAcc(double v) { return v; }
 __device__ __forceinline__ float ToAcc(bf16_t v) { return ToFloat(v); }
 __device__ __forceinline__ float ToAcc(fp16_t v) { return ToFloat(v); }
 
+// A product rounded on its own: never contracted into a multiply-add with a later subtraction, so d - mean(d)
+// cancels exactly where it should (layernorm's dx of a one-element row is 0, not the product's rounding error).
+__device__ __forceinline__ float MulRn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double MulRn(double a, double b) { return __dmul_rn(a, b); }
+
 // Rounds a compute value to the storage type (once, to nearest even).
 template <typename T>
 __device__ __forceinline__ T FromAcc(Acc<T> v);

@@ -210,7 +210,7 @@ __global__ void NormBackwardDxKernel(const T* __restrict__ g, const T* __restric
         const V mean = kRms ? V(0) : mean_in[r], rstd = rstd_in[r];
         V sd = 0, sdx = 0;  // sums of dxhat and dxhat * xhat
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = ToAcc(gr[j]) * ToAcc(w[j]);
+            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = MulRn(ToAcc(gr[j]), ToAcc(w[j]));
             sd += d;
             sdx += d * xh;
         }
@@ -219,7 +219,7 @@ __global__ void NormBackwardDxKernel(const T* __restrict__ g, const T* __restric
         const V mean_d = kRms ? V(0) : sd / static_cast<V>(C), mean_dx = sdx / static_cast<V>(C);
         T* dr = dx + r * C;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = ToAcc(gr[j]) * ToAcc(w[j]);
+            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = MulRn(ToAcc(gr[j]), ToAcc(w[j]));
             dr[j] = FromAcc<T>(rstd * (d - mean_d - xh * mean_dx));
         }
     }

@@ -206,11 +206,26 @@ def moe_permute(x, experts, num_experts):
     return rows, from_numpy(source, device=x.device), from_numpy(counts, device=x.device)
 
 
+def _check_permutation(op, src):
+    """Raises at the first row whose entry is out of [0, n) or repeats an earlier one."""
+    n = src.shape[0]
+    rows = np.arange(n)
+    ok = (src >= 0) & (src < n)
+    first = np.full(n, n)
+    np.minimum.at(first, src[ok], rows[ok])
+    ok[ok] = first[src[ok]] == rows[ok]
+    if not ok.all():
+        r = int(np.argmin(ok))
+        raise ValueError(f"{op}: source must be a permutation of [0, {n}), got {src[r]} at row {r}")
+
+
 def moe_unpermute(y, source, weights):
     """out[n] = sum_j weights[n, j] * y[pos[n*k + j]]; pos, the inverse of source, by a scatter of row numbers
-    (float64, exact for any realistic row count)."""
+    (float64, exact for any realistic row count). source is checked on the host, as the fused kernels do: a
+    repeated or out-of-range entry would silently drop or mix rows."""
     N, k = weights.shape
     M = y.shape[0]
+    _check_permutation("moe_unpermute", source.numpy().reshape(-1))
     rows = from_numpy(np.arange(M, dtype=np.float64), device=y.device)
     pos = F.scatter_add(zeros(M, dtype="float64", device=y.device), 0, source, rows)
     picked = F.embedding(F.cast(pos, "int64"), _up(y)).reshape(N, k, y.shape[1])
