@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -173,6 +174,7 @@ void CachingAllocator::RecordStream(MemoryBlock* b, const Stream& stream) {
 
 void CachingAllocator::ProcessPending(bool wait) {
     size_t keep = 0;
+    std::exception_ptr error;
     for (size_t i = 0; i < pending_.size(); ++i) {
         Pending p = pending_[i];
         bool done = true;
@@ -184,7 +186,10 @@ void CachingAllocator::ProcessPending(bool wait) {
                 done = rt.QueryEvent(p.event);
             }
         } catch (...) {
-            // A failed device reports its error elsewhere; the block is no longer in use by it.
+            // The block is no longer in use by a failed device. A synchronisation hands over (and clears) what
+            // earlier work raised, so that is rethrown below, once the lists are consistent. A query (the path
+            // Free takes, which must not throw) raises only a device fault, which stays sticky in the runtime.
+            if (wait && !error) error = std::current_exception();
         }
         if (!done) {
             pending_[keep++] = p;
@@ -197,6 +202,7 @@ void CachingAllocator::ProcessPending(bool wait) {
         }
     }
     pending_.resize(keep);
+    if (error) std::rethrow_exception(error);
 }
 
 void CachingAllocator::ReleaseUnused() {

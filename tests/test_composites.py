@@ -102,6 +102,10 @@ def test_composite_matches_native(name, dtype):
     for k, (a, b) in enumerate(zip(native, comp, strict=True)):
         assert a.shape == b.shape and a.dtype == b.dtype, (k, a, b)
         rtol, atol = TOL[a.dtype if a.dtype in TOL else dtype]
+        if name.startswith("sdpa") and dtype in ("bfloat16", "float16"):
+            # Fused attention kernels (cuDNN's) round the probabilities to the 16-bit type before P @ V: an
+            # absolute error of up to ~2^-8 of the values' scale (0.0017 at |out| ~ 1 on an H200), not a relative one.
+            atol = max(atol, 2**-7 * float(np.abs(a.numpy()).max()))
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=rtol, atol=atol, err_msg=f"{name} output {k}")
 
 

@@ -369,6 +369,24 @@ def test_async_error_is_sticky_until_raised_with_its_type():
     assert w.numpy().shape == (4, 3)
 
 
+@pytest.mark.skipif(TYPE == "cpu", reason="the cpu raises kernel errors as they happen")
+def test_async_error_is_not_lost_when_the_allocator_waits_for_its_blocks():
+    """The allocator synchronises with the events of blocks other streams used (empty_cache, an out-of-memory
+    retry); that synchronisation hands over the device's pending error, which it once dropped."""
+    w = to_device(np.ones((4, 3)), "float32")
+    bad = to_device(np.array([5]), "int64")
+    x = to_device(np.ones(1 << 16), "float32")
+    runtime.synchronize(DEV)  # the uploads ran on the default stream: they land before another stream reads them
+    s = runtime.Stream(DEV)
+    with runtime.stream(s):
+        op("embedding", [w, bad])  # fails later, on the stream
+        op("neg", [x])  # x, allocated on the default stream, is used on s
+    del x  # its block waits for s's event
+    with pytest.raises(IndexError, match="embedding: index 5 out of range"):
+        runtime.empty_cache(DEV)
+        runtime.synchronize(DEV)
+
+
 @sim_only
 def test_host_access_to_device_memory_faults():
     proc = _subprocess("""

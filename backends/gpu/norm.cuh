@@ -11,8 +11,8 @@
 //     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) (rmsnorm without mean(dxhat)),
 //     dweight = sum over rows of grad * xhat, dbias = sum of grad: threads own a column and a fixed chunk of rows
 //     (coalesced), partials combined in chunk order, so the sums are deterministic.
-// Precision: row statistics and softmax sums in the compute type (float for float32/bfloat16/float16, double for
-// float64); statistics are stored as float32 (float64 for float64 x). dweight / dbias accumulate in double.
+// Precision: softmax sums in the compute type (float for float32/bfloat16/float16, double for float64); the
+// norms' row statistics in double, stored as float32 (float64 for float64 x). dweight / dbias accumulate in double.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +36,9 @@ __device__ __forceinline__ void SoftmaxRow(const T* x, T* y, int64_t len, int po
     for (int64_t j = pos; j < len; j += width) sum += Exp(ToAcc(x[j]) - mx);
     sum = rsum(sum);
     if (kLog) {
-        const V shift = mx + Log(sum);
-        for (int64_t j = pos; j < len; j += width) y[j] = FromAcc<T>(ToAcc(x[j]) - shift);
+        // (x - max) - log(sum), not x - (max + log(sum)): the latter rounds at |x|'s magnitude (1e4 loses 3 digits).
+        const V lse = Log(sum);
+        for (int64_t j = pos; j < len; j += width) y[j] = FromAcc<T>((ToAcc(x[j]) - mx) - lse);
     } else {
         const V inv = V(1) / sum;
         for (int64_t j = pos; j < len; j += width) y[j] = FromAcc<T>(Exp(ToAcc(x[j]) - mx) * inv);
@@ -132,8 +133,8 @@ __global__ void SoftmaxColsKernel(const T* __restrict__ x, T* __restrict__ y, in
         V sum = 0;
         for (int64_t j = 0; j < n; ++j) sum += Exp(ToAcc(x[base + j * inner]) - mx);
         if (kLog) {
-            const V shift = mx + Log(sum);
-            for (int64_t j = 0; j < n; ++j) y[base + j * inner] = FromAcc<T>(ToAcc(x[base + j * inner]) - shift);
+            const V lse = Log(sum);
+            for (int64_t j = 0; j < n; ++j) y[base + j * inner] = FromAcc<T>((ToAcc(x[base + j * inner]) - mx) - lse);
         } else {
             const V inv = V(1) / sum;
             for (int64_t j = 0; j < n; ++j)
@@ -163,7 +164,9 @@ __global__ void SoftmaxBackwardColsKernel(const T* __restrict__ y, const T* __re
 
 // ---- layernorm / rmsnorm -------------------------------------------------------------------
 
-// One block per row (grid-stride over rows). mean is null for rmsnorm (and bias with it).
+// One block per row (grid-stride over rows). mean is null for rmsnorm (and bias with it). The row statistics
+// accumulate in double: squares of |x| ~ 1e20 overflow float, and an offset of 1e4 over a spread of 1e-2 loses the
+// variance to cancellation unless the mean is exact to far below float's rounding (x - mean is taken in double too).
 template <bool kRms, typename T>
 __global__ void NormForwardKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                   T* __restrict__ y, Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out,
@@ -171,29 +174,29 @@ __global__ void NormForwardKernel(const T* __restrict__ x, const T* __restrict__
     using V = Acc<T>;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = x + r * C;
-        V mean = 0;
+        double mean = 0;
         if (!kRms) {
-            V s = 0;
-            for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += ToAcc(xr[j]);
-            s = BlockReduce(s, SumOp(), V(0));
-            mean = C ? s / static_cast<V>(C) : V(0);
+            double s = 0;
+            for (int64_t j = threadIdx.x; j < C; j += blockDim.x) s += static_cast<double>(ToAcc(xr[j]));
+            s = BlockReduce(s, SumOp(), 0.0);
+            mean = C ? s / static_cast<double>(C) : 0.0;
         }
-        V q = 0;
+        double q = 0;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-            const V d = ToAcc(xr[j]) - mean;
+            const double d = static_cast<double>(ToAcc(xr[j])) - mean;
             q += d * d;
         }
-        q = BlockReduce(q, SumOp(), V(0));
-        const V var = C ? q / static_cast<V>(C) : V(0);
-        const V rstd = V(1) / Sqrt(var + static_cast<V>(eps));
+        q = BlockReduce(q, SumOp(), 0.0);
+        const double var = C ? q / static_cast<double>(C) : 0.0;
+        const V rstd = static_cast<V>(1.0 / Sqrt(var + eps));
         T* yr = y + r * C;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-            V v = (ToAcc(xr[j]) - mean) * rstd * ToAcc(w[j]);
+            V v = static_cast<V>(static_cast<double>(ToAcc(xr[j])) - mean) * rstd * ToAcc(w[j]);
             if (!kRms) v += ToAcc(b[j]);
             yr[j] = FromAcc<T>(v);
         }
         if (threadIdx.x == 0) {
-            if (!kRms) mean_out[r] = mean;
+            if (!kRms) mean_out[r] = static_cast<V>(mean);
             rstd_out[r] = rstd;
         }
     }

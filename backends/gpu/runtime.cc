@@ -77,8 +77,8 @@ int64_t AsyncPoolThreshold() {
     return bytes;
 }
 
-// Waits on `what`, then turns a runtime error or a kernel's reported error into an exception.
-void AfterWait(RtError e, const char* what, int device) {
+// Waits on `what`, then turns a runtime error or (unless only queried) a kernel's reported error into an exception.
+void AfterWait(RtError e, const char* what, int device, bool report_kernel_errors = true) {
     if (e != GPU_RT(Success)) {
         GPU_RT(GetLastError)();
         throw std::runtime_error(std::string(kProviderName) + ":" + std::to_string(device) + ": " + what + ": " +
@@ -87,6 +87,7 @@ void AfterWait(RtError e, const char* what, int device) {
                                  "=1 to check every op as it runs and name the one that fails; after a device fault "
                                  "the process must restart)");
     }
+    if (!report_kernel_errors) return;
     ScopedDevice guard(device);
     RaisePendingDeviceError(device);
 }
@@ -198,7 +199,8 @@ public:
             GPU_RT(GetLastError)();
             return false;
         }
-        AfterWait(e, "EventQuery", event.device().index);
+        // A query is no synchronisation: index errors wait for the next one (the allocator polls its events).
+        AfterWait(e, "EventQuery", event.device().index, false);
         return true;
     }
 
