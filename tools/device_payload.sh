@@ -3,12 +3,15 @@
 # folder that runs them on a machine without Bazel (the same Python version,
 # the provider's libraries on the loader path):
 #
-#   tools/device_payload.sh cuda [OUT]      # OUT defaults to .payload/cuda
-#   python3 OUT/run_tests.py [pytest args]  # there: every shared suite on device "cuda"
+#   tools/device_payload.sh cuda [OUT]          # OUT defaults to .payload/cuda
+#   python3 OUT/run_tests.py [--jobs=N] [args]  # there: every shared suite on device "cuda"
 #
 # OUT holds python/ (the package with its native modules, the provider's module
-# and the test-only providers), tests/, docs/ops.md, python/bin/ (train, bench,
-# conformance) and run_tests.py. Extra bazel flags go in BAZEL_FLAGS.
+# and the test-only providers), tests/, examples/, README.md, docs/ops.md,
+# python/bin/ (train, bench, conformance) and run_tests.py (tools/device_run_tests.py).
+# The machine needs Python 3.11 with the wheels the package imports: numpy,
+# pytest, absl-py, safetensors, scipy-openblas32 (the core links its OpenBLAS),
+# and matplotlib for the compare tool's plots. Extra bazel flags go in BAZEL_FLAGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 provider=${1:?usage: tools/device_payload.sh <provider> [out]}
@@ -28,19 +31,8 @@ done
 [ -f "$out/python/infinitrain_$provider.so" ] || { echo "no module infinitrain_$provider.so was built" >&2; exit 1; }
 cp tests/*.py "$out/tests/"
 cp docs/ops.md "$out/docs/"
-cat >"$out/run_tests.py" <<PY
-"""Runs the shared suites on device '$provider' from this payload (no Bazel needed)."""
-
-import os
-import sys
-
-here = os.path.dirname(os.path.abspath(__file__))
-os.environ.setdefault("INFINITRAIN_TEST_DEVICE", "$provider")
-sys.path[:0] = [os.path.join(here, "python"), os.path.join(here, "tests")]
-os.environ["PYTHONPATH"] = os.pathsep.join(sys.path[:2] + [os.environ.get("PYTHONPATH", "")])
-
-import pytest  # noqa: E402
-
-sys.exit(pytest.main([os.path.join(here, "tests"), "-q", "-p", "no:cacheprovider", "-rfEs", *sys.argv[1:]]))
-PY
+cp README.md "$out/"  # the README example's test reads it
+cp -r examples "$out/"
+cp tools/device_run_tests.py "$out/run_tests.py"
+echo "$provider" >"$out/provider.txt"
 du -sh "$out" >&2

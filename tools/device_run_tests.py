@@ -1,0 +1,73 @@
+"""Runs the shared suites from a payload of tools/device_payload.sh, on a machine without Bazel.
+
+    python3 run_tests.py [--jobs=N] [test files] [pytest args]
+
+The device under test is the payload's provider (INFINITRAIN_TEST_DEVICE overrides it). Without test files it
+runs every suite. --jobs=N runs the files in N pytest processes at once (a GPU has room for several, and device
+time is scarce); each writes logs/shard<i>.log, and the summary lines of all of them end the output. The exit
+status is the worst of the processes'.
+"""
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-rfEs"]
+
+
+def environment():
+    env = dict(os.environ)
+    with open(os.path.join(HERE, "provider.txt")) as f:
+        env.setdefault("INFINITRAIN_TEST_DEVICE", f.read().strip())
+    paths = [os.path.join(HERE, "python"), os.path.join(HERE, "tests")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def shards(files, n):
+    """Files in n groups of about equal size (largest first, each to the lightest group): size stands in for
+    run time."""
+    groups = [[] for _ in range(n)]
+    weight = [0] * n
+    for f in sorted(files, key=lambda f: -os.path.getsize(f)):
+        i = weight.index(min(weight))
+        groups[i].append(f)
+        weight[i] += os.path.getsize(f)
+    return [g for g in groups if g]
+
+
+def main(argv):
+    jobs = 1
+    if argv and argv[0].startswith("--jobs="):
+        jobs = int(argv[0].split("=", 1)[1])
+        argv = argv[1:]
+    files = [a for a in argv if a.endswith(".py")]
+    rest = [a for a in argv if not a.endswith(".py")]
+    if not files:
+        tests = os.path.join(HERE, "tests")
+        files = sorted(os.path.join(tests, f) for f in os.listdir(tests) if f.startswith("test_") and f.endswith(".py"))
+    env = environment()
+    if jobs <= 1:
+        return subprocess.call([sys.executable, "-m", "pytest", *files, *PYTEST_ARGS, *rest], cwd=HERE, env=env)
+    logs = os.path.join(HERE, "logs")
+    os.makedirs(logs, exist_ok=True)
+    procs = []
+    for i, group in enumerate(shards(files, jobs)):
+        log = open(os.path.join(logs, f"shard{i}.log"), "w")  # closed once its process ends
+        cmd = [sys.executable, "-m", "pytest", *group, *PYTEST_ARGS, *rest]
+        procs.append((subprocess.Popen(cmd, cwd=HERE, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    status = 0
+    for i, (p, log) in enumerate(procs):
+        status = max(status, p.wait())
+        log.close()
+        with open(log.name) as f:
+            lines = f.read().splitlines()
+        summary = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))] + lines[-1:]
+        print(f"== shard {i} ({log.name}): exit {p.returncode}")
+        print("\n".join(summary), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
