@@ -4,6 +4,9 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace infinitrain {
 namespace {
@@ -42,21 +45,72 @@ std::map<std::string, Pending>& Table() {
     return *t;
 }
 
-// Everything that could make activation fail, found before anything is activated.
-std::vector<std::string> Problems(const std::string& name, const Pending& p) {
+// Everything that could make activation fail, found before anything is activated. `order` receives the
+// indices of the provider's ops in an order AddOp accepts: each op after the own ops its backward uses.
+std::vector<std::string> Problems(const std::string& name, const Pending& p, std::vector<size_t>* order) {
     std::vector<std::string> problems = p.errors;
     if (!p.runtime) problems.push_back("it added no device runtime (is its library loaded?)");
+    auto exists = [](const std::string& op) {
+        try {
+            GetOp(op);
+            return true;
+        } catch (const std::invalid_argument&) {
+            return false;
+        }
+    };
     std::set<std::string> own;
-    for (const PendingOp& o : p.ops) {
+    std::vector<std::pair<size_t, OpSchema>> parsed;  // the ops that parse, are named right and are new
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+        const PendingOp& o = p.ops[i];
         try {
             OpSchema s = ParseOpSchema(o.def);
             if (s.name.rfind(name + ".", 0) != 0) {
                 problems.push_back("op '" + s.name + "' (at " + o.site + ") must be named '" + name + ".<op>'");
             } else if (!own.insert(s.name).second) {
                 problems.push_back("op '" + s.name + "' is defined twice (again at " + o.site + ")");
+            } else if (exists(s.name)) {
+                problems.push_back("op '" + s.name + "' (at " + o.site + ") is already an op");
+            } else {
+                parsed.emplace_back(i, std::move(s));
             }
         } catch (const std::exception& e) {
             problems.push_back(std::string(e.what()) + " (at " + o.site + ")");
+        }
+    }
+    // Every backward op must be an existing op, the op itself or another op of the provider's; AddOp checks
+    // against the ops added so far, so the provider's ops are added in dependency order.
+    std::set<std::string> added;
+    std::vector<bool> done(parsed.size(), false);
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (size_t k = 0; k < parsed.size(); ++k) {
+            if (done[k]) continue;
+            const OpSchema& s = parsed[k].second;
+            bool ready = true;
+            for (const std::string& b : s.backward) {
+                if (b != s.name && !added.count(b) && (own.count(b) || !exists(b))) ready = false;
+            }
+            if (!ready) continue;
+            done[k] = progress = true;
+            added.insert(s.name);
+            if (order) order->push_back(parsed[k].first);
+        }
+    }
+    for (size_t k = 0; k < parsed.size(); ++k) {
+        if (done[k]) continue;
+        const OpSchema& s = parsed[k].second;
+        const std::string& site = p.ops[parsed[k].first].site;
+        bool missing = false;
+        for (const std::string& b : s.backward) {
+            if (b != s.name && !own.count(b) && !exists(b)) {
+                problems.push_back("op '" + s.name + "' (at " + site + "): backward op '" + b + "' is not an op");
+                missing = true;
+            }
+        }
+        if (!missing) {
+            problems.push_back("op '" + s.name + "' (at " + site +
+                               "): its backward uses ops of the provider that cannot be added before it (a cycle, "
+                               "or an op with a problem above)");
         }
     }
     std::map<std::string, int> plain, overrides;
@@ -136,7 +190,8 @@ void RegisterProvider(const PrivateUse1Info& info) {
         RegisterPrivateUse1(info);  // idempotent, or raises for a changed autocast dtype
         return;
     }
-    std::vector<std::string> problems = Problems(info.name, p);
+    std::vector<size_t> order;
+    std::vector<std::string> problems = Problems(info.name, p, &order);
     if (!problems.empty()) {
         std::string msg = "provider '" + info.name + "' registration failed:";
         for (const std::string& e : problems) msg += "\n  " + e;
@@ -147,7 +202,8 @@ void RegisterProvider(const PrivateUse1Info& info) {
     RegisterPrivateUse1(info);
     RegisterRuntime(DeviceType::kPrivateUse1, p.runtime, p.runtime_site.c_str());
     if (p.ccl) RegisterCcl(DeviceType::kPrivateUse1, p.ccl, p.ccl_site.c_str());
-    for (const PendingOp& o : p.ops) {
+    for (size_t i : order) {
+        const PendingOp& o = p.ops[i];
         AddOp(o.def);
         Op& op = GetMutableOp(ParseOpSchema(o.def).name);
         if (o.composite) op.SetComposite(o.composite);

@@ -1,9 +1,11 @@
 """Fuzzing every loader: llm.c model files (GPT-2, LLaMA 3 in both header layouts), token files, tokenizer
-files and our checkpoints.
+files, our checkpoints, and Hugging Face files (a model folder's safetensors weights and config.json, and a
+tokenizer.json).
 
 A plain seeded mutation loop (bit flips, byte overwrites, truncations, appended bytes, header fields
 overwritten with extreme values; for checkpoints also JSON fields, with the checksum recomputed so the parser
-behind it is reached). Each mutant is loaded in a child process whose address space is capped and each load
+behind it is reached; for the Hugging Face files JSON fields of config.json, tokenizer.json and the safetensors
+header). Each mutant is loaded in a child process whose address space is capped and each load
 has a time limit; the bar: no signal, no hang, no absurd allocation (MemoryError under the cap), and nothing
 but ValueError (with a message) from a loader.
 
@@ -28,14 +30,22 @@ import pytest
 
 DEVICE = os.environ.get("INFINITRAIN_TEST_DEVICE", "cpu")
 FORMATS = ("gpt2", "llama3", "llama3_llmc", "tokens", "tokenizer", "checkpoint", "checkpoint_v1")
+# Hugging Face readers: each mutant is one file of a folder whose other files are valid.
+HF_FORMATS = ("hf_safetensors", "hf_config", "hf_tokenizer")
+FORMATS += HF_FORMATS  # appended: the earlier formats keep their mutant streams
+HF_FILES = {"hf_safetensors": "model.safetensors", "hf_config": "config.json", "hf_tokenizer": "tokenizer.json"}
 SEED = 20240917
-CI_COUNT = 2000  # per format: about 10 s for all six on a 2-core machine
+CI_COUNT = 2000  # per format
 MEMORY_CAP = 3 << 30  # bytes of address space above the child's start
 CASE_SECONDS = 20
 
 INT32_EXTREMES = [0, 1, -1, 2, 3, 7, 255, 1 << 15, 1 << 16, 1 << 20, 1 << 24, 1 << 29, (1 << 31) - 1, -(1 << 31)]
 FLOAT32_EXTREMES = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-45, 1e-38, 1e30, 3.4e38, -1.0, 0.5]
 JSON_EXTREMES = [0, -1, 1, 63, 64, 2.5, -0.5, 1e308, 2**63, 2**64, -(2**63), True, None, "x", "", [], {}, [1, 2]]
+# The same plus values a Hugging Face file names: other model and component types, other dtypes.
+HF_JSON_EXTREMES = JSON_EXTREMES + [2**31, 2**32, 1 << 40, -(2**31), "gpt2", "llama", "qwen3", "mixtral", "BPE"]
+HF_JSON_EXTREMES += ["WordPiece", "Unigram", "WordLevel", "ByteLevel", "Sequence", "F32", "BF16", "I64", "F8_E4M3"]
+HF_JSON_EXTREMES += [{"type": "BPE"}, [[0, 1]], ["a", "b"], "\x00", "\ud800", "<|endoftext|>"]
 
 
 # ---- seed files -----------------------------------------------------------------------------------------------
@@ -70,6 +80,18 @@ def make_seeds(directory):
     checkpoint.save(paths["checkpoint"], tensors, meta)
     paths["checkpoint_v1"] = os.path.join(directory, "ckpt_v1.bin")  # the format before safetensors
     checkpoint._save_v1(paths["checkpoint_v1"], tensors, meta)
+    # Hugging Face: a tiny LLaMA folder (bfloat16 weights, as most checkpoints ship) and a small byte-level BPE.
+    from infinitrain.data.hf_tokenizer import train_bpe
+    from infinitrain.models import hf
+
+    folder = os.path.join(directory, "hf")
+    hf_cfg = LLaMA3Config(8, 60, 1, 2, 1, 16, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=1e-5, rope_theta=1e4)
+    hf.save_pretrained(LLaMA3(hf_cfg), folder, dtype="bfloat16")
+    paths["hf_safetensors"] = os.path.join(folder, hf.WEIGHTS_FILE)
+    paths["hf_config"] = os.path.join(folder, hf.CONFIG_FILE)
+    texts = ["the quick brown fox jumps over the lazy dog", "to be, or not to be: that is the question"] * 20
+    paths["hf_tokenizer"] = os.path.join(directory, "tokenizer.json")
+    train_bpe(texts, vocab_size=300).save(paths["hf_tokenizer"])
     out = {}
     for k, p in paths.items():
         with open(p, "rb") as f:
@@ -113,6 +135,23 @@ def load(fmt, path):
             np.asarray(v).sum()
         runs.read_checkpoint(path)
         return len(tensors)
+    if fmt in ("hf_safetensors", "hf_config"):
+        from infinitrain.models import hf
+
+        folder = os.path.dirname(path)
+        if fmt == "hf_safetensors":
+            for v in hf.read_tensors(folder).values():
+                np.asarray(v).sum()
+        else:
+            hf.config_from_hf(hf.read_config(folder))
+        return hf.from_pretrained(folder).num_parameters()
+    if fmt == "hf_tokenizer":
+        from infinitrain.data.hf_tokenizer import HFTokenizer
+
+        tok = HFTokenizer.load(path)
+        tok.encode("the quick brown fox, to be or not to be <|endoftext|> \u00e9\u4e2d")
+        tok.decode(list(range(min(tok.vocab_size, 300))))
+        return tok.vocab_size
     raise AssertionError(fmt)
 
 
@@ -121,8 +160,10 @@ def header_bytes(fmt, data):
         return 2048
     if fmt == "checkpoint_v1":
         return min(len(data), 32 + struct.unpack_from("<Q", data, 16)[0]) if len(data) >= 24 else len(data)
-    if fmt == "checkpoint":
+    if fmt in ("checkpoint", "hf_safetensors"):
         return min(len(data), 8 + struct.unpack_from("<Q", data)[0]) if len(data) >= 8 else len(data)
+    if fmt in ("hf_config", "hf_tokenizer"):
+        return len(data)  # all of it is JSON
     return 1024
 
 
@@ -206,6 +247,68 @@ def mutate_json_v2(data, rng):
         return data
 
 
+def _json_paths(node, path=(), depth=0, out=None):
+    """Every (path, depth) below `node`, at most 64 children per container and 8 levels."""
+    out = [] if out is None else out
+    if depth >= 8:
+        return out
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for i, (k, v) in enumerate(items):
+        if i >= 64:
+            break
+        out.append((path + (k,), depth + 1))
+        _json_paths(v, path + (k,), depth + 1, out)
+    return out
+
+
+def mutate_json_tree(obj, rng):
+    """Rewrites, deletes or duplicates one node of a parsed JSON document (in place); the depth is drawn first, so
+    the few top-level fields are hit as often as the many vocabulary entries."""
+    paths = _json_paths(obj)
+    if not paths:
+        return obj
+    depths = sorted({d for _, d in paths})
+    depth = depths[rng.integers(len(depths))]
+    paths = [p for p, d in paths if d == depth]
+    path = paths[rng.integers(len(paths))]
+    parent = obj
+    for k in path[:-1]:
+        parent = parent[k]
+    key = path[-1]
+    r = rng.random()
+    if r < 0.7:
+        parent[key] = HF_JSON_EXTREMES[rng.integers(len(HF_JSON_EXTREMES))]
+    elif r < 0.85:
+        del parent[key]
+    elif isinstance(parent, list):
+        parent.insert(key, parent[key])  # a repeated entry (a duplicate merge, added token...)
+    else:
+        parent[key] = [parent[key], parent[key]]
+    return obj
+
+
+def mutate_hf_json(fmt, data, rng):
+    """One JSON-level edit of config.json or tokenizer.json, or of a safetensors file's header (its tensor
+    entries and __metadata__), so the checks behind the JSON parser are reached."""
+    if fmt == "hf_safetensors":
+        if len(data) < 8:
+            return data
+        n = struct.unpack_from("<Q", data)[0]
+        try:
+            header = json.loads(data[8 : 8 + n])
+        except (ValueError, UnicodeDecodeError, OverflowError, RecursionError):
+            return data
+        header = mutate_json_tree(header, rng)
+        body = json.dumps(header, separators=(",", ":")).encode()
+        body += b" " * (-len(body) % 8) if rng.random() < 0.8 else b""
+        return struct.pack("<Q", len(body)) + body + data[8 + n :]
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError, OverflowError, RecursionError):
+        return data
+    return json.dumps(mutate_json_tree(obj, rng)).encode()
+
+
 def mutate_json(data, rng):
     """Rewrites one field of a checkpoint's JSON header (a tensor entry or the meta) with an extreme value."""
     if len(data) < 32:
@@ -244,6 +347,10 @@ def mutate_json(data, rng):
 
 def mutate(fmt, data, rng):
     """One mutant of `data`: 1-3 random edits."""
+    if fmt in ("hf_config", "hf_tokenizer") and rng.random() < 0.6:  # most byte edits only break the JSON
+        for _ in range(int(rng.integers(1, 4))):
+            data = mutate_hf_json(fmt, data, rng)
+        return data
     data = bytearray(data)
     hb = header_bytes(fmt, data)
     for _ in range(int(rng.integers(1, 4))):
@@ -271,6 +378,8 @@ def mutate(fmt, data, rng):
             data = bytearray(mutate_json(bytes(data), rng))
         elif kind == 6 and fmt == "checkpoint":
             data = bytearray(mutate_json_v2(bytes(data), rng))
+        elif kind == 6 and fmt in HF_FORMATS:
+            data = bytearray(mutate_hf_json(fmt, bytes(data), rng))
     if fmt == "checkpoint_v1" and rng.random() < 0.5:
         data = bytearray(rehash(bytes(data)))  # past the checksum, into the structure checks
     if fmt == "checkpoint" and rng.random() < 0.5:
@@ -279,6 +388,15 @@ def mutate(fmt, data, rng):
 
 
 IMPLIED = re.compile(r"header implies (\d+) parameters")
+
+# Open findings in the Hugging Face readers, reported and not fixed yet (they are outside this suite's files): the
+# CI test lets these through, and fails once one no longer occurs, so the entry is removed with the fix.
+KNOWN_FINDINGS = {}  # format -> regex of a failure known and not fixed yet (the test fails once it stops)
+
+
+def is_known(failure):
+    pattern = KNOWN_FINDINGS.get(failure["format"])
+    return pattern is not None and re.search(pattern, failure["error"]) is not None
 
 
 # ---- the child: runs the cases under a memory cap -------------------------------------------------------------
@@ -301,6 +419,13 @@ def run_cases(count, seed, formats, workdir):
         rng = np.random.default_rng([seed, FORMATS.index(fmt)])
         counts = {"cases": 0, "accepted": 0, "rejected": 0, "failed": 0}
         path = os.path.join(workdir, f"mutant-{fmt}.bin")
+        if fmt in HF_FILES:  # the file's own name, in a folder whose other files are valid
+            folder = os.path.join(workdir, f"mutant-{fmt}")
+            os.makedirs(folder, exist_ok=True)
+            for other in ("hf_safetensors", "hf_config") if fmt != "hf_tokenizer" else ():
+                with open(os.path.join(folder, HF_FILES[other]), "wb") as f:
+                    f.write(seeds[other])
+            path = os.path.join(folder, HF_FILES[fmt])
         for i in range(count):
             data = mutate(fmt, seeds[fmt], rng)
             for attempt in range(2):
@@ -369,10 +494,14 @@ def test_fuzz_every_loader():
     result, p = run_fuzz(CI_COUNT, timeout=600)
     assert p.returncode >= 0, f"the fuzz child died by {signal.Signals(-p.returncode).name}: {p.stderr[-3000:]}"
     assert result is not None, p.stdout[-2000:] + p.stderr[-3000:]
-    assert not result["failures"], json.dumps(result["failures"][:10], indent=1)
+    failures = [f for f in result["failures"] if not is_known(f)]
+    assert not failures, json.dumps(failures[:10], indent=1)
     for fmt in FORMATS:
         counts = result["summary"][fmt]
         assert counts["cases"] == CI_COUNT and counts["rejected"] > 0, (fmt, counts)
+    for fmt, pattern in KNOWN_FINDINGS.items():
+        hits = [f for f in result["failures"] if f["format"] == fmt]
+        assert hits, f"{fmt}: the known finding {pattern!r} no longer occurs: remove it from KNOWN_FINDINGS"
 
 
 def main():
@@ -395,8 +524,14 @@ def main():
         for k in total:
             total[k] += counts[k]
     print(f"{'all':12s} " + " ".join(f"{k} {v:6d}" for k, v in total.items()) + f" | {result['seconds']} s")
+    kinds = {}
+    for f in result["failures"]:
+        key = (f["format"], re.sub(r"\d+", "N", f["error"])[:100], is_known(f))
+        kinds[key] = kinds.get(key, 0) + 1
+    for (fmt, error, known), n in sorted(kinds.items()):
+        print(f"{n:6d} x {fmt}: {error}" + (" (known)" if known else ""))
     for f in result["failures"][:20]:
-        print("FAIL", json.dumps(f))
+        print("FAIL (known)" if is_known(f) else "FAIL", json.dumps(f))
     return 1 if result["failures"] else 0
 
 

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run_py(code):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+def run_py(code, **extra_env):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **extra_env)
     env.pop("INFINITRAIN_CPU_FALLBACK", None)
     prelude = "import numpy as np, warnings\nimport infinitrain as it\nfrom infinitrain import _C\n"
     p = subprocess.run(
@@ -148,20 +148,54 @@ def test_registration_touches_no_hardware():
     """)
 
 
+FAILED_REGISTRATION = """
+    for _ in range(2):  # a retry fails the same way instead of finding a half-registered provider
+        try:
+            it.backends.register("fakebad")
+        except RuntimeError as e:
+            assert "registration failed" in str(e), e
+            assert all(part in str(e) for part in EXPECTED), (EXPECTED, e)
+            assert not any(part in str(e) for part in NOT_EXPECTED), (NOT_EXPECTED, e)
+        else:
+            raise AssertionError("registered a broken provider")
+        assert it.backends.registered() is None
+        assert "fakebad.scale_add" not in it.ops.names() and "fakebad.bad_backward" not in it.ops.names()
+    it.backends.register("fake")  # the slot is still free
+    assert it.backends.registered()["name"] == "fake"
+"""
+
+
+def _failed_registration(expected, not_expected=(), **env):
+    code = f"EXPECTED = {list(expected)!r}\nNOT_EXPECTED = {list(not_expected)!r}\n"
+    run_py(code + textwrap.dedent(FAILED_REGISTRATION), **env)
+
+
 def test_a_failed_registration_leaves_nothing_registered():
-    run_py("""
-        for _ in range(2):  # a retry fails the same way instead of finding a half-registered provider
-            try:
-                it.backends.register("fakebad")
-            except RuntimeError as e:
-                assert "registration failed" in str(e) and "unknown op 'no_such_op'" in str(e), e
-            else:
-                raise AssertionError("registered a provider with a kernel for an unknown op")
-            assert it.backends.registered() is None
-            assert "fakebad.scale_add" not in it.ops.names()
-        it.backends.register("fake")  # the slot is still free
-        assert it.backends.registered()["name"] == "fake"
-    """)
+    _failed_registration(["unknown op 'no_such_op'", "backward op 'no_such_backward_op' is not an op"])
+
+
+def test_a_missing_backward_op_is_found_before_anything_is_registered():
+    """With only the backward fault, registration once claimed the slot and the runtime before AddOp raised: the
+    provider stayed half-registered and a retry failed on the runtime being registered twice."""
+    _failed_registration(
+        ["op 'fakebad.bad_backward' (at ", "backward op 'no_such_backward_op' is not an op"],
+        not_expected=["unknown op 'no_such_op'"],
+        INFINITRAIN_FAKEBAD_FAULTS="backward",
+    )
+
+
+def test_provider_ops_are_added_after_the_provider_ops_their_backward_uses():
+    """fakebad without its faults: fakebad.uses_later's backward uses fakebad.later, defined after it; the core
+    adds an op only after the ops its backward names, so the order they were written in does not matter."""
+    run_py(
+        """
+        assert it.backends.register("fakebad")["name"] == "fakebad"
+        names = it.ops.names()
+        assert "fakebad.uses_later" in names and "fakebad.later" in names and "fakebad.bad_backward" not in names
+        assert it.ops.schema("fakebad.uses_later") == "fakebad.uses_later(x) -> out"
+        """,
+        INFINITRAIN_FAKEBAD_FAULTS="",
+    )
 
 
 def test_provider_ops_run_natively_or_as_their_composite():

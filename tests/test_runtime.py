@@ -446,3 +446,101 @@ def test_skip_ops_setting_leaves_ops_to_the_cpu_fallback():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["False False True", "missing", "sim:1 [0.0, 2.0]"], proc.stdout
     assert "CPU fallback" in proc.stderr  # warned once
+
+
+# ---- sim capacity, out-of-memory retry, kernel errors on the stream worker ----
+
+
+@sim_only
+def test_out_of_memory_retries_after_emptying_the_cache_then_raises_with_statistics():
+    """64 MiB of sim memory: a 40 MiB block cached for a side stream is returned by the allocator's retry when the
+    default stream needs 40 MiB; 100 MiB then fails with it.OutOfMemoryError naming the device and its statistics."""
+    proc = _subprocess(
+        """
+        import infinitrain as it
+        import infinitrain_sim
+        from infinitrain import _C, runtime
+        MiB = 1 << 20
+        it.backends.register("sim")
+        assert infinitrain_sim.memory_capacity() == 64 * MiB
+        s = runtime.Stream("sim:0")
+        with runtime.stream(s):
+            a = _C.empty([10 * MiB], "float32", "sim:0")  # 40 MiB, a segment of its own, for stream s
+            _C.op("fill_")([a], [1.0])  # used on the side stream
+        del a  # free again, cached for s only
+        st = runtime.memory_stats("sim:0")
+        assert st["allocated"] == 0 and st["reserved"] == st["cached"] == 40 * MiB, st
+        b = _C.empty([10 * MiB], "float32", "sim:0")  # 40 more MiB on the default stream do not fit beside it
+        st = runtime.memory_stats("sim:0")
+        assert st["allocated"] == st["reserved"] == 40 * MiB and st["num_ooms"] == 0, st  # a's segment went back
+        _C.op("fill_")([b], [2.0])
+        assert b.numpy()[::MiB].tolist() == [2.0] * 10
+        try:
+            _C.empty([25 * MiB], "float32", "sim:0")  # 100 MiB
+        except it.OutOfMemoryError as e:
+            assert isinstance(e, MemoryError)
+            print("error:", e)
+        else:
+            raise AssertionError("allocated 100 MiB on a 64 MiB device")
+        st = runtime.memory_stats("sim:0")
+        assert st["num_ooms"] == 1 and st["allocated"] == 40 * MiB, st
+        """,
+        INFINITRAIN_SIM_MEMORY="64M",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("error:")]
+    assert "sim:0: out of memory allocating 104857600 bytes" in line, line
+    assert "40.0 MiB allocated" in line and "40.0 MiB reserved" in line, line  # the statistics
+
+
+@sim_only
+def test_default_capacity_is_the_hosts_memory_shared_by_the_devices():
+    """Without INFINITRAIN_SIM_MEMORY each device may map min(16 GiB, physical memory / device count), so a run
+    that fits the sim fits the host; once each device had 16 GiB whatever the host had."""
+    proc = _subprocess(
+        """
+        import os
+        import infinitrain as it
+        import infinitrain_sim
+        from infinitrain import _C
+        it.backends.register("sim")
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        expected = min(16 << 30, physical // 64)
+        assert infinitrain_sim.memory_capacity() == expected, (infinitrain_sim.memory_capacity(), expected)
+        try:
+            _C.empty([expected + (2 << 20)], "uint8", "sim:3")  # mapped lazily: beyond the capacity it must fail
+        except it.OutOfMemoryError as e:
+            assert "sim:3: out of memory" in str(e), e
+        else:
+            raise AssertionError("allocated more than the capacity")
+        x = _C.empty([expected // 2], "uint8", "sim:3")
+        print("ok")
+        """,
+        INFINITRAIN_SIM_DEVICES="64",
+        INFINITRAIN_SIM_MEMORY="",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split() == ["ok"]
+
+
+@sim_only
+def test_errors_from_the_stream_worker_name_the_op_and_keep_their_type():
+    """A kernel's error surfaces at a later synchronisation, away from the call: it starts with the op's name and
+    device, and keeps its type (IndexError, ValueError)."""
+    index = DEV.split(":")[1]
+    w = to_device(np.ones((4, 3)), "float32")
+    y = to_device(np.ones((4, 3)), "float32")
+    weights = to_device(np.ones((2, 2)), "float32")
+    bad_index = to_device(np.array([5]), "int64")
+    bad_source = to_device(np.array([0, 0, 1, 2]), "int64")
+    runtime.synchronize(DEV)
+    s = runtime.Stream(DEV)
+    for name, inputs, error, message in [
+        ("embedding", [w, bad_index], IndexError, "embedding: index 5 out of range"),
+        ("moe_unpermute", [y, bad_source, weights], ValueError, r"moe_unpermute: source must be a permutation"),
+    ]:
+        with runtime.stream(s):
+            op(name, inputs)  # returns at once: the kernel fails later, on the stream's worker
+        with pytest.raises(error, match=rf"^{name} on sim:{index}: {message}"):
+            s.synchronize()
+    s.synchronize()  # reported once

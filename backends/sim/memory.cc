@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -137,10 +138,24 @@ void CheckDeviceIndex(int device) {
     }
 }
 
+namespace {
+
+int64_t DefaultCapacity() {
+    // The host's memory shared by the devices, at most 16 GiB each: a model that fits the sim fits the host.
+    int64_t capacity = int64_t{16} << 30;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+        capacity = std::min(capacity, static_cast<int64_t>(pages) * page / DeviceCount());
+    }
+    return std::max<int64_t>(capacity, 1);
+}
+
+}  // namespace
+
 int64_t Capacity() {
     static const int64_t capacity = [] {
         const char* env = std::getenv("INFINITRAIN_SIM_MEMORY");
-        return env && *env ? ParseSize(env) : int64_t{16} << 30;
+        return env && *env ? ParseSize(env) : DefaultCapacity();
     }();
     return capacity;
 }

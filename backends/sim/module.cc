@@ -19,4 +19,8 @@ PYBIND11_MODULE(infinitrain_sim, m) {
     m.def(
         "device_count", [] { return infinitrain::sim::DeviceCount(); },
         "Number of sim devices (INFINITRAIN_SIM_DEVICES, default 4).");
+    m.def(
+        "memory_capacity", [] { return infinitrain::sim::Capacity(); },
+        "Bytes of device memory each sim device may map (INFINITRAIN_SIM_MEMORY; default: physical memory / "
+        "device count, at most 16 GiB).");
 }

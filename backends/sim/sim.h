@@ -34,7 +34,8 @@ void CheckHostPointer(const void* p);
 void* AllocPinned(size_t nbytes);
 void FreePinned(void* ptr);
 bool IsPinned(const void* p);
-// Bytes of device memory one device may map (INFINITRAIN_SIM_MEMORY, default 16 GiB).
+// Bytes of device memory one device may map (INFINITRAIN_SIM_MEMORY; default: the host's physical memory
+// divided by the device count, at most 16 GiB). Raises for a bad setting.
 int64_t Capacity();
 
 // ---- streams and events (streams.cc) ----

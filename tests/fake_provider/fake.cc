@@ -4,10 +4,15 @@
 // a provider with missing ops, the CPU fallback, composites, provider ops and
 // two different providers in one process. PROVIDER_NAME comes from the build
 // (fake, fake2, fakebad); fakebad also adds a kernel for an op that does not
-// exist, so its registration must fail and leave nothing registered.
+// exist and an op whose backward names an op that does not exist, so its
+// registration must fail and leave nothing registered (INFINITRAIN_FAKEBAD_FAULTS
+// picks the faults: the backward one alone the core once found only half-way
+// through activation; with none fakebad registers).
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "infinitrain/host_runtime.h"
 #include "infinitrain/provider.h"
@@ -101,7 +106,38 @@ REGISTER_PROVIDER_OP(kName,
                             "the BLAS handle of the calling thread (a test probe)"}),
                      ProbeKernel, nullptr);
 #ifdef BROKEN
-REGISTER_PROVIDER_KERNEL(kName, "no_such_op", CpuKernel);
+namespace {
+// INFINITRAIN_FAKEBAD_FAULTS (read when the module loads): the faults to add, "kernel" and/or "backward";
+// unset: both.
+bool Fault(const char* which) {
+    const char* env = std::getenv("INFINITRAIN_FAKEBAD_FAULTS");
+    return !env || std::strstr(env, which) != nullptr;
+}
+std::vector<TensorMeta> SameShape(const char*, const std::vector<Tensor>& in, const Attrs&) {
+    return {{in[0].shape(), in[0].dtype()}};
+}
+// A kernel for an op that does not exist.
+const bool kKernelFault =
+    !Fault("kernel") || (AddProviderKernel(kName, "no_such_op", CpuKernel, INFINITRAIN_SITE), true);
+// A well-formed op whose backward names an op that exists nowhere.
+const bool kBackwardFault =
+    !Fault("backward") || (AddProviderOp(kName,
+                                         OpDef{STR(PROVIDER_NAME) ".bad_backward(x) -> out", OpTier::kProvider,
+                                               kFloatDtypes, STR(PROVIDER_NAME) ".bad_backward mul no_such_backward_op",
+                                               SameShape, "an op whose backward uses an op that does not exist"},
+                                         nullptr, nullptr, INFINITRAIN_SITE),
+                           true);
+}  // namespace
+// No fault: an op whose backward uses another op of the provider's, added after it (registration must add the
+// later one first).
+REGISTER_PROVIDER_OP(kName,
+                     (OpDef{STR(PROVIDER_NAME) ".uses_later(x) -> out", OpTier::kProvider, kFloatDtypes,
+                            STR(PROVIDER_NAME) ".later mul", SameShape, "an op whose backward uses a later op"}),
+                     nullptr, nullptr);
+REGISTER_PROVIDER_OP(kName,
+                     (OpDef{STR(PROVIDER_NAME) ".later(x) -> out", OpTier::kProvider, kFloatDtypes, "", SameShape,
+                            "the op the one before uses in its backward"}),
+                     nullptr, nullptr);
 #endif
 
 PYBIND11_MODULE(MODULE_NAME, m) {

@@ -9,6 +9,7 @@ llm.c token files, decode samples, and train a small byte-level BPE (e.g. on the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Iterable
 
@@ -36,10 +37,8 @@ class HFTokenizer:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such tokenizer file")
-        try:
+        with _refused(f"{path}: not a valid tokenizer.json"):
             return cls(Tokenizer.from_file(path))
-        except Exception as e:  # the package raises its own exception type
-            raise ValueError(f"{path}: not a valid tokenizer.json ({e})") from None
 
     def save(self, path: str | os.PathLike) -> None:
         text = self._tok.to_str()
@@ -54,14 +53,29 @@ class HFTokenizer:
         return "gpt2" if self.vocab_size <= 2**16 else "llama3"
 
     def encode(self, text: str) -> np.ndarray:
-        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        with _refused("the tokenizer failed to encode"):
+            return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in np.asarray(list(ids)).reshape(-1)]
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"token ids must be in [0, {self.vocab_size}), got {bad[:5]}")
-        return self._tok.decode(ids, skip_special_tokens=False)
+        with _refused("the tokenizer failed to decode"):
+            return self._tok.decode(ids, skip_special_tokens=False)
+
+
+@contextlib.contextmanager
+def _refused(what):
+    """The package's errors as ValueError. Its Rust panics (a malformed model, e.g. a continuing_subword_prefix
+    longer than a token) arrive as PanicException, a BaseException: caught too, but not KeyboardInterrupt and
+    friends."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+        raise
+    except BaseException as e:
+        raise ValueError(f"{what} ({type(e).__name__}: {e})") from None
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = 512, special_tokens=("<|endoftext|>",)) -> HFTokenizer:
