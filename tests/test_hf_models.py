@@ -49,7 +49,9 @@ CONFIGS = {
         sliding_window=None, tie_word_embeddings=False,
     ),
 }  # fmt: skip
-CLASSES = {"gpt2": GPT2, "llama": LLaMA3, "qwen3": Qwen3, "qwen3_moe": Qwen3, "mixtral": Mixtral}
+# LLaMA 3.2 1B and 3B tie the output head to embed_tokens (their files hold no lm_head.weight).
+CONFIGS["llama_tied"] = dict(CONFIGS["llama"], tie_word_embeddings=True)
+CLASSES = {"gpt2": GPT2, "llama": LLaMA3, "llama_tied": LLaMA3, "qwen3": Qwen3, "qwen3_moe": Qwen3, "mixtral": Mixtral}
 
 
 # ---- checkpoints by hand, with Hugging Face's names and layouts ----
@@ -289,6 +291,7 @@ def test_logits_match_numpy_reference(kind, dtype, tmp_path):
 FD_PARAMS = {
     "gpt2": ["h.0.attn.c_attn.weight", "h.1.ln_2.bias", "wpe.weight"],
     "llama": ["h.0.attn.c_attn.weight", "h.1.mlp.c_fc2.weight", "ln_f.weight"],
+    "llama_tied": ["wte.weight", "h.1.attn.c_proj.weight"],  # the tied weight: embedding and head together
     "qwen3": ["layers.0.self_attn.q_norm.weight", "layers.1.self_attn.k_proj.weight", "embed_tokens.weight"],
     "qwen3_moe": ["layers.0.mlp.gate.weight", "layers.0.mlp.experts.1.down_proj.weight", "lm_head.weight"],
     "mixtral": ["layers.1.mlp.gate.weight", "layers.0.mlp.experts.2.gate_proj.weight", "norm.weight"],
@@ -357,7 +360,7 @@ def test_save_pretrained_round_trips(kind, tmp_path):
     np.testing.assert_array_equal(bf2(idx)[0].numpy(), bf(idx)[0].numpy())
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "llama_tied"])
 def test_hf_checkpoints_convert_to_llmc_files(kind, tmp_path):
     g = rng()
     write_hf(tmp_path / "hf", CONFIGS[kind], hf_tensors(kind, g))
@@ -368,6 +371,55 @@ def test_hf_checkpoints_convert_to_llmc_files(kind, tmp_path):
     np.testing.assert_array_equal(back(idx)[0].numpy(), model(idx)[0].numpy())
     if kind == "llama":  # intermediate_size 40 survives the llm.c header's (ffn_dim_multiplier, multiple_of)
         assert back.config.hidden_dim == 40
+
+
+def test_tied_llama_shares_its_head(tmp_path):
+    """tie_word_embeddings: the head is the embedding's parameter (trained as one, counted once); a file that
+    still holds lm_head.weight must hold the embedding there; save_pretrained writes HF's tied layout; a fresh
+    model from the tied config.json (--config_json) is tied too."""
+    from infinitrain.models import registry
+
+    g = rng()
+    c = CONFIGS["llama_tied"]
+    t = hf_tensors("llama_tied", g)
+    assert "lm_head.weight" not in t
+    write_hf(tmp_path / "in", c, t)
+    model = LLaMA3.from_pretrained(tmp_path / "in", DEVICE)
+    assert model.lm_head.weight is model.wte.weight
+    untied = LLaMA3.from_pretrained(write_untied(tmp_path / "untied", t), DEVICE)
+    V, C = c["vocab_size"], c["hidden_size"]
+    assert model.num_parameters() == untied.num_parameters() - V * C
+    # One optimizer step moves head and embedding together.
+    idx, tgt = (it.from_numpy(ids(g, "llama_tied"), device=DEVICE) for _ in range(2))
+    opt = it.optim.AdamW(list(model.parameters()), lr=0.1)
+    model(idx, tgt)[1].backward()
+    opt.step()
+    np.testing.assert_array_equal(model.lm_head.weight.numpy(), model.wte.weight.numpy())
+    assert not np.array_equal(model.wte.weight.numpy(), t["model.embed_tokens.weight"].astype(np.float32))
+    model.save_pretrained(tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert saved["tie_word_embeddings"] is True and "lm_head.weight" not in hf.read_tensors(tmp_path / "out")
+    again = LLaMA3.from_pretrained(tmp_path / "out", DEVICE)
+    assert again.lm_head.weight is again.wte.weight
+    np.testing.assert_array_equal(again(idx)[0].numpy(), model(idx)[0].numpy())
+    untied.save_pretrained(tmp_path / "untied2")  # an untied model stays untied
+    assert json.loads((tmp_path / "untied2" / "config.json").read_text())["tie_word_embeddings"] is False
+    assert "lm_head.weight" in hf.read_tensors(tmp_path / "untied2")
+    # A head that is the embedding is accepted; any other is not.
+    write_hf(tmp_path / "with_head", c, dict(t, **{"lm_head.weight": t["model.embed_tokens.weight"]}))
+    with_head = LLaMA3.from_pretrained(tmp_path / "with_head", DEVICE)
+    assert with_head.lm_head.weight is with_head.wte.weight
+    write_hf(tmp_path / "bad_head", c, dict(t, **{"lm_head.weight": t["model.embed_tokens.weight"] + 1.0}))
+    with pytest.raises(ValueError, match="lm_head.weight differs from the tied model.embed_tokens.weight"):
+        LLaMA3.from_pretrained(tmp_path / "bad_head")
+    fresh = registry.build_model("llama3", V, T, config_json=str(tmp_path / "in" / "config.json"), device=DEVICE)
+    assert fresh.lm_head.weight is fresh.wte.weight
+
+
+def write_untied(path, t):
+    """The same weights as an untied LLaMA checkpoint (its head a copy of the embedding)."""
+    write_hf(path, CONFIGS["llama"], dict(t, **{"lm_head.weight": t["model.embed_tokens.weight"]}))
+    return path
 
 
 def test_rotary_permutation_inverts():
@@ -391,7 +443,7 @@ def test_bad_files_and_configs_raise_clear_errors(tmp_path):
     for field, value in [
         ("hidden_act", "gelu"),
         ("attention_bias", True),
-        ("tie_word_embeddings", True),
+        ("tie_word_embeddings", "yes"),
         ("rope_scaling", {"rope_type": "linear", "factor": 2.0}),
         ("num_attention_heads", 0),
     ]:

@@ -3,7 +3,10 @@ defines them, the nn layers, initialisers, optimizers with param_groups, GradSca
 pickling, sampling. Results are checked against float64 NumPy (or exact) references on fresh random inputs."""
 
 import math
+import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -62,6 +65,55 @@ def test_promotion_follows_pytorch():
     np.testing.assert_array_equal((~mb).numpy(), ~m)
     np.testing.assert_array_equal((x == 3).numpy(), a == 3)
     assert it.cat([x, t(a, "float32")]).dtype == "float32"
+
+
+def test_zero_dim_tensors_promote_like_scalars():
+    """PyTorch's result_type: a 0-d tensor beside a tensor with dimensions counts as a scalar of its category, so
+    it changes the dtype only when its category (bool < integers < floats) is higher, and then gives its own."""
+    g = rng()
+    xb = t(g.standard_normal((3, 4)).astype(np.float32), "bfloat16")
+    xv = xb.numpy().astype(np.float64)  # the bfloat16 values
+    c = float(g.integers(2, 6))
+    for y in (xb * t(np.float32(c)), t(np.float32(c)) * xb):
+        assert y.dtype == "bfloat16"
+        assert_close(y, xv * c, "bfloat16")
+    assert (xb + t(np.float64(1.5))).dtype == "bfloat16"
+    assert (t(f32(2), "float16") - t(np.float32(0.25), "bfloat16")).dtype == "float16"
+    f = t(f32(5))
+    assert (f * t(g.standard_normal(()), "float64")).dtype == "float32"
+    a = g.integers(-50, 50, size=(3, 4))
+    x = t(a)  # int64
+    half = t(np.float32(0.5))  # it.tensor(0.5): the default float dtype
+    for y in (x * half, half * x):
+        assert y.dtype == "float32"
+        np.testing.assert_array_equal(y.numpy(), (a * 0.5).astype(np.float32))
+    assert (x * t(np.float64(0.5))).dtype == "float64"  # a higher category: the 0-d tensor's own dtype
+    ai = g.integers(-1000, 1000, size=(6,))
+    xi = t(ai, "int32")
+    k = int(g.integers(-9, 10))
+    y = xi * t(np.int64(k))
+    assert y.dtype == "int32"
+    np.testing.assert_array_equal(y.numpy(), ai * k)
+    m = g.random((3, 4)) < 0.5
+    y = t(m) + t(np.int64(k))
+    assert y.dtype == "int64"
+    np.testing.assert_array_equal(y.numpy(), m + k)
+    np.testing.assert_array_equal((x < half).numpy(), a < 0.5)
+    w = it.where(t(m), xb, t(np.float32(0.0)))
+    assert w.dtype == "bfloat16"
+    np.testing.assert_array_equal(w.numpy(), np.where(m, xv, 0.0))
+    # Two 0-d tensors, or two with dimensions, follow the ordinary rules.
+    assert (t(np.int32(2)) + t(np.float64(1.5))).dtype == "float64"
+    assert (t(np.float32(2.0), "bfloat16") + t(np.float32(1.0))).dtype == "float32"
+    assert (xb + t(f32(4))).dtype == "float32"
+    # Gradients go back through the cast, each in its tensor's dtype.
+    xg = t(g.standard_normal((3, 4)).astype(np.float32), "bfloat16", requires_grad=True)
+    s = t(np.float32(g.standard_normal()), requires_grad=True)
+    out = xg * s
+    assert out.dtype == "bfloat16"
+    out.sum().backward()
+    assert xg.grad.dtype == "bfloat16" and s.grad.dtype == "float32"
+    assert_close(s.grad, xg.numpy().astype(np.float64).sum(), "bfloat16", atol=1e-2)
 
 
 def test_arange_full_and_random_integers():
@@ -138,15 +190,31 @@ def test_setitem_and_inplace_ops():
     with it.no_grad():
         p -= 0.5 * t(a)  # a hand-written SGD step updates the Parameter itself
     np.testing.assert_allclose(p.numpy(), 0.5 * a, rtol=1e-6)
-    # Assignment into a graph tensor: gradients reach the written value and the kept elements.
+    # Assignment into a graph tensor: the gradient reaches the written value.
     w = t(f32(3), requires_grad=True)
     y = t(a, requires_grad=True) * 1.0
     y[0, :3] = w
     (y * y).sum().backward()
     np.testing.assert_allclose(w.grad.numpy(), 2 * w.numpy(), rtol=1e-6)
-    gy = 2 * a
+
+
+def test_inplace_writes_into_a_graph_tensor_keep_the_gradient_of_the_kept_elements():
+    a = f32(4, 6)
+    w = t(f32(3), requires_grad=True)
+    leaf = t(a, requires_grad=True)
+    y = leaf * 1.0
+    y[0, :3] = w
+    (y * y).sum().backward()
+    gy = 2 * a  # d sum(y^2) / d leaf: 2 * leaf where it was kept, 0 where w overwrote it
     gy[0, :3] = 0
-    np.testing.assert_allclose(y.grad.numpy() if y.grad is not None else gy, gy, rtol=1e-6)
+    assert leaf.grad is not None, "setitem: no gradient reached the tensor y was computed from"
+    np.testing.assert_allclose(leaf.grad.numpy(), gy, rtol=1e-6)
+    leaf = t(a, requires_grad=True)
+    y = leaf * 2.0
+    y += 1.0
+    (y * y).sum().backward()
+    assert leaf.grad is not None, "+=: no gradient reached the tensor y was computed from"
+    np.testing.assert_allclose(leaf.grad.numpy(), 4 * (2 * a + 1), rtol=1e-6)
 
 
 # ---- attention, losses, activations ---------------------------------------------------------------------------
@@ -467,10 +535,79 @@ def test_save_load_round_trip_and_safetensors(tmp_path):
 def test_generate_returns_tensors_and_follows_its_generator():
     from infinitrain.models import GPT2, GPT2Config
 
-    model = GPT2(GPT2Config(block_size=16, vocab_size=11, padded_vocab_size=16, n_layer=1, n_head=2, n_embd=8), DEVICE)
-    start = t(np.zeros((2, 1), np.int64))
-    a = model.generate(start, 5, top_k=4, generator=it.Generator(3))
-    b = model.generate(start, 5, top_k=4, generator=it.Generator(3))
-    assert isinstance(a, it.Tensor) and a.shape == (2, 6) and a.device == it.device(DEVICE)
+    model = GPT2(GPT2Config(block_size=32, vocab_size=11, padded_vocab_size=16, n_layer=1, n_head=2, n_embd=8), DEVICE)
+    start = t(np.zeros((4, 1), np.int64))
+    seed, other = (int(s) for s in rng().choice(2**31, size=2, replace=False))
+    a = model.generate(start, 24, top_k=4, generator=it.Generator(seed))
+    it.manual_seed(int(rng().integers(2**31)))  # the default generator's state must not matter
+    b = model.generate(start, 24, top_k=4, generator=it.Generator(seed))
+    c = model.generate(start, 24, top_k=4, generator=it.Generator(other))
+    assert isinstance(a, it.Tensor) and a.shape == (4, 25) and a.device == it.device(DEVICE)
     np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert a.numpy().max() < 11
+    # 96 draws from the top 4 of a near-uniform distribution (an untrained model's): two seeds agree everywhere
+    # with probability about 4^-96 if they are honoured; a generator that is ignored gives equal samples.
+    assert not np.array_equal(a.numpy(), c.numpy())
+
+
+# ---- idle threads ---------------------------------------------------------------------------------------------
+
+_THREADS = """
+import ctypes, os, sys
+
+def threads():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+import numpy  # NumPy's own OpenBLAS (another library) reads it now: its pool stays off
+before = threads()
+os.environ["OPENBLAS_NUM_THREADS"] = sys.argv[2]  # what a user may have set: a pool of that size, if started
+if sys.argv[1] == "control":  # OpenBLAS loaded unguarded: its pool shows
+    import importlib.util
+    lib = os.path.join(importlib.util.find_spec("scipy_openblas32").submodule_search_locations[0], "lib")
+    ctypes.CDLL(os.path.join(lib, "libscipy_openblas.so"), mode=ctypes.RTLD_GLOBAL)
+else:
+    import infinitrain as it
+    a = it.randn(96, 96, device="cpu")
+    (a @ a).sum().item()  # one op (an OpenBLAS sgemm)
+print(before, threads())
+"""
+
+
+def _thread_counts(mode, n):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
+    p = subprocess.run(
+        [sys.executable, "-c", _THREADS, mode, str(n)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    before, after = map(int, p.stdout.split())
+    return before, after
+
+
+def _cores():
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: OpenBLAS would start no pool either way (it caps its pool at the core count)")
+    return min(cores, 8)
+
+
+def test_openblas_pool_shows_in_the_thread_count():
+    """The control for the next test: the same OpenBLAS loaded without a guard starts min(OPENBLAS_NUM_THREADS,
+    cores) - 1 pool threads, and the count sees them."""
+    n = _cores()
+    before, after = _thread_counts("control", n)
+    assert after - before == n - 1, f"OpenBLAS's pool should add {n - 1} threads, added {after - before}"
+
+
+def test_import_and_an_op_start_no_idle_blas_threads():
+    """`import infinitrain` and one op leave the process with the threads it had before (exactly: 0 new ones):
+    OpenMP runs the kernels (OMP_NUM_THREADS=1 here: on the calling thread), the CPU runtime starts none, and
+    OpenBLAS's pthread pool, which would idle since the kernels thread with OpenMP, is never started, whatever
+    OPENBLAS_NUM_THREADS says (the control above shows such a pool is seen)."""
+    n = _cores()
+    before, after = _thread_counts("infinitrain", n)
+    assert after == before, (
+        f"import infinitrain and one op started {after - before} thread(s) (with OMP_NUM_THREADS=1 and "
+        f"OPENBLAS_NUM_THREADS={n}): OpenBLAS's idle pool, unless something else now starts threads"
+    )

@@ -1,14 +1,17 @@
 """Hugging Face tokenizers (tokenizer.json through the `tokenizers` package): a byte-level BPE trained on the
 Shakespeare corpus in seconds, encode/decode round trips, tokenized text files in llm.c token files, the
-tokenize CLI, and clear errors."""
+tokenize CLI, prepare and train with a tokenizer.json end to end, and clear errors."""
 
 import os
 import pwd
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from harness import rng
+from harness import DEVICE, rng
 from infinitrain.data import hf_tokenizer, read_tokens, read_tokens_header
 from infinitrain.data.hf_tokenizer import HFTokenizer, train_bpe
 from infinitrain.data.shakespeare import _valid, corpus_paths
@@ -104,3 +107,49 @@ def test_errors(tmp_path):
     no_eot = train_bpe(["abc abc"], vocab_size=300, special_tokens=())
     with pytest.raises(ValueError, match="no end-of-text token"):
         hf_tokenizer.encode_documents(no_eot, ["a", "b"])
+
+
+def _cli(module, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.pop("BUILD_WORKING_DIRECTORY", None)
+    env["PYTHONIOENCODING"] = "utf-8"
+    p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, env=env, timeout=300)
+    out, err = (b.decode("utf-8") for b in (p.stdout, p.stderr))  # no newline translation: samples may hold \r
+    assert p.returncode == 0, out + err
+    return out
+
+
+def test_prepare_and_train_with_a_tokenizer_json(tok, tmp_path):
+    """prepare --tokenizer=tokenizer.json writes the tokenizer's ids (each document after its end-of-text
+    token); train --tokenizer_bin=tokenizer.json takes the tokenizer's vocabulary and decodes its samples
+    with it (the same text as the model's seeded draw decoded here)."""
+    from infinitrain.runs import read_checkpoint, read_metrics
+    from infinitrain.tools.export import model_from_checkpoint
+
+    path = tmp_path / "tokenizer.json"
+    tok.save(path)
+    docs = _fallback_docs()[:3]
+    (tmp_path / "in").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "in" / f"{i}.txt").write_text(d, encoding="utf-8")
+    out = _cli("infinitrain.tools.prepare", f"--input={tmp_path / 'in'}", f"--output_dir={tmp_path / 'data'}",
+               f"--tokenizer={path}", "--val_fraction=0.2")  # fmt: skip
+    assert f"--tokenizer_bin={path}" in out
+    train, val = (tmp_path / "data" / f"in_{s}.bin" for s in ("train", "val"))
+    want = np.concatenate([np.concatenate([[tok.eot], tok.encode(d)]) for d in docs])
+    assert read_tokens_header(train)[0] == "gpt2"
+    np.testing.assert_array_equal(np.concatenate([read_tokens(train), read_tokens(val)]), want)
+
+    run = tmp_path / "run"
+    flags = [f"--input_bin={train}", f"--input_val_bin={val}", f"--tokenizer_bin={path}", "--model=gpt2"]
+    flags += ["--n_layer=1", "--n_head=2", "--n_embd=32", "--sequence_length=16", "--batch_size=4"]
+    flags += ["--num_iteration=1", "--freq_generate_txt=1", "--text_length=8", f"--save={run}", "--seed=9"]
+    out = _cli("infinitrain.train", f"--device={DEVICE}", *flags)
+    config = read_metrics(run / "metrics.jsonl")[0]
+    assert config["model_config"]["vocab_size"] == tok.vocab_size == 400 and config["tokenizer"] == str(path)
+    assert read_checkpoint(run / "ckpt_00000001.bin")[1]["tokenizer"] == str(path)
+    m = re.search(r"--- sample at step 1 ---\n(.*)\n---", out, re.S)
+    assert m, out
+    model, _ = model_from_checkpoint(str(run), DEVICE)
+    ids = model.generate(np.full((1, 1), tok.eot), 8, temperature=1.0, top_k=40, seed=9)
+    assert m.group(1) == tok.decode(ids[0, 1:].tolist())

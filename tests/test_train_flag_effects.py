@@ -305,3 +305,136 @@ def test_seed_sets_initialisation_and_data_order(tokens):
     flags += ["--n_embd=32", "--n_head=2"]
     a, b = (steps(run_train(*flags, f"--seed={s}").stdout) for s in (1, 2))
     assert a[1] != b[1] and a[2] != b[2]  # (that one seed repeats a run bit for bit: test_models, test_train)
+
+
+# ---- where the model comes from -------------------------------------------------------------------------------
+
+
+def model_loss(model, tokens_path):
+    """The model's loss on the CLI's first batch."""
+    import infinitrain as it
+
+    x, y = first_batch(tokens_path)
+    with it.no_grad():
+        return model(it.from_numpy(x, device=DEVICE), it.from_numpy(y, device=DEVICE))[1].item()
+
+
+def hf_flags(tokens_path, ckpt=None, **kw):
+    flags = {"input_bin": tokens_path, "sequence_length": T, "batch_size": B, "num_iteration": 1, "seed": 5}
+    flags.update(warmup_steps=0, learning_rate=0.01, grad_clip=0.0)
+    if ckpt is not None:
+        flags["checkpoint_dir"] = ckpt
+    flags.update(kw)
+    return [f"--{k}={v}" for k, v in flags.items()]
+
+
+def test_init_from_a_hugging_face_folder_starts_from_its_weights(tokens, tmp_path):
+    """--init_from a folder save_pretrained wrote: the step-1 loss is that model's on the first batch, and with
+    lr 0 the checkpoint holds the folder's weights."""
+    import infinitrain as it
+    from infinitrain.models import Qwen3, Qwen3Config
+
+    cfg = Qwen3Config(MAXT, V, 2, 4, 2, 24, head_dim=8, intermediate_size=40, tie_word_embeddings=True)
+    model = Qwen3(cfg, DEVICE)
+    g = rng()
+    for p in model.parameters():  # far from a fresh init, so a fresh model's loss could not pass for it
+        p.copy_(it.from_numpy(g.standard_normal(p.shape) * 0.3, device=DEVICE))
+    folder = tmp_path / "qwen3"
+    model.save_pretrained(folder)
+    ckpt = str(tmp_path / "ckpt")
+    out = run_train(*hf_flags(tokens, ckpt, model="qwen3", init_from=folder, learning_rate=0.0)).stdout
+    loaded = Qwen3.from_pretrained(folder, DEVICE)
+    assert_printed(steps(out)[1][0], model_loss(loaded, tokens), 6, "step-1 loss")
+    got = model_tensors(ckpt_tensors(ckpt, 1))
+    for name, p in loaded.state_dict().items():
+        np.testing.assert_array_equal(got[name], p.numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama_tied"])
+def test_config_json_sizes_a_fresh_model(kind, tokens, tmp_path):
+    """--config_json: a fresh model of the config's shape (initialised from --seed as any fresh model), so the
+    step-1 loss is that of the same model built from the same config and seed; a tied LLaMA config gives a
+    tied head (its parameters counted once)."""
+    import json
+
+    import infinitrain as it
+    from infinitrain.models import registry
+    from infinitrain.runs import read_metrics
+
+    base = dict(vocab_size=V, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=MAXT, rms_norm_eps=1e-6, hidden_act="silu")  # fmt: skip
+    if kind == "qwen3":
+        cfg, name = dict(base, model_type="qwen3", head_dim=8, rope_theta=1e6, tie_word_embeddings=False), "qwen3"
+    else:
+        cfg, name = dict(base, model_type="llama", rope_theta=5e5, tie_word_embeddings=True), "llama3"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    metrics = tmp_path / "m.jsonl"
+    out = run_train(*hf_flags(tokens, model=name, config_json=path), f"--metrics_file={metrics}").stdout
+    it.manual_seed(5)
+    model = registry.build_model(name, V, T, config_json=str(path), device=DEVICE)
+    assert_printed(steps(out)[1][0], model_loss(model, tokens), 6, "step-1 loss")
+    config = read_metrics(metrics)[0]
+    assert config["parameters"] == model.num_parameters()
+    assert (config["model_config"]["n_layer"], config["model_config"]["n_embd"]) == (2, 24)
+    if kind == "llama_tied":
+        assert model.lm_head.weight is model.wte.weight
+        untied = registry.build_model(name, V, T, n_layer=2, n_head=4, n_kv_head=2, n_embd=24, intermediate_size=40)
+        assert config["parameters"] == untied.num_parameters() - V * 24
+
+
+def test_save_optimizer_state_false_leaves_the_optimizer_out(model_file, tokens, tmp_path):
+    """The checkpoint holds no optimizer tensors; continuing from it says the optimizer starts fresh, and the
+    continued step equals one from a full checkpoint loaded with --load_optimizer_state=false (and differs from
+    the uninterrupted run's, whose AdamW moments carry over)."""
+    path, _ = model_file
+    runs = {}
+    for name, save_opt in (("without", "false"), ("with", "true")):
+        d = str(tmp_path / name)
+        run_train(*base(path, tokens, d, num_iteration=2, checkpoint_every=1), f"--save_optimizer_state={save_opt}")
+        tensors, meta = read_checkpoint(os.path.join(d, "ckpt_00000001.bin"))
+        runs[name] = (tensors, meta)
+    tensors, meta = runs["without"]
+    assert not [k for k in tensors if k.startswith("optim.")] and meta["optimizer"]["saved"] is False
+    assert [k for k in runs["with"][0] if k.startswith("optim.")]
+    cont = {}
+    for name, extra in (("without", []), ("with", ["--load_optimizer_state=false"])):
+        d = str(tmp_path / f"{name}_cont")
+        first = os.path.join(str(tmp_path / name), "ckpt_00000001.bin")
+        p = run_train(*base(path, tokens, d, num_iteration=2), f"--load={first}", *extra)
+        why = "holds no optimizer state (--save_optimizer_state=false)" if name == "without" else extra[0]
+        assert f"note: the optimizer starts fresh: the checkpoint {why}" in p.stderr, p.stderr
+        assert "at step 1" in p.stdout
+        cont[name] = (steps(p.stdout)[2], model_tensors(ckpt_tensors(d, 2)))
+    assert cont["without"][0] == cont["with"][0]
+    straight = model_tensors(ckpt_tensors(str(tmp_path / "with"), 2))
+    for k, v in cont["with"][1].items():
+        np.testing.assert_array_equal(cont["without"][1][k], v, err_msg=k)
+    assert any(not np.array_equal(straight[k], v) for k, v in cont["with"][1].items())
+
+
+def test_router_aux_loss_coef_weighs_the_balancing_loss(tokens, tmp_path):
+    """Mixtral's training loss is cross-entropy + coef * load-balancing loss: the printed step-1 loss for each
+    --router_aux_loss_coef (default: Mixtral's 0.02) against the model's two terms on the first batch."""
+    import infinitrain as it
+    from infinitrain.runs import read_metrics
+    from infinitrain.tools import model_registry as R
+
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 16, "num_experts": 4, "num_experts_per_tok": 2}
+    shape["intermediate_size"] = 24
+    flags = hf_flags(tokens, model="mixtral", vocab_size=V, **shape)
+    it.manual_seed(5)
+    model = R.resolve("mixtral", shape=shape, sequence_length=T, vocab_size=V, router_aux_loss_coef=0.0).build(DEVICE)
+    ce = model_loss(model, tokens)
+    aux = model.aux_loss.item()
+    assert aux > 0.5  # a term the coefficients below move the loss by well beyond the printed digits
+    for coef in (None, 0.0, 0.5):
+        metrics = tmp_path / f"m{coef}.jsonl"
+        extra = [] if coef is None else [f"--router_aux_loss_coef={coef}"]
+        out = run_train(*flags, *extra, f"--metrics_file={metrics}").stdout
+        want = ce + (0.02 if coef is None else coef) * aux
+        assert_printed(steps(out)[1][0], want, 6, f"loss with coef {coef}")
+        assert read_metrics(metrics)[0]["model_config"]["router_aux_loss_coef"] == (0.02 if coef is None else coef)
+    for model_flags in (["--model=gpt2"], ["--model=qwen3"]):
+        p = run_train(*hf_flags(tokens, vocab_size=V), *model_flags, "--router_aux_loss_coef=0.1", check=False)
+        assert p.returncode == 2 and "--router_aux_loss_coef applies to mixture-of-experts models" in p.stderr, p.stderr

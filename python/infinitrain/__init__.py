@@ -14,14 +14,14 @@ def _preload_blas():
     core, and the kernels thread with OpenMP instead (infinitrain/kernels/cpu/blas.h)."""
     import ctypes
 
+    old = _os.environ.get("OPENBLAS_NUM_THREADS")
+    _os.environ["OPENBLAS_NUM_THREADS"] = "1"  # before the import: importing the package loads the library
     try:
         import scipy_openblas32
-    except ImportError:
-        return  # the dynamic loader then looks for it by soname and names it if it is missing
-    old = _os.environ.get("OPENBLAS_NUM_THREADS")
-    _os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
+
         ctypes.CDLL(_os.path.join(scipy_openblas32.get_lib_dir(), "libscipy_openblas.so"), mode=ctypes.RTLD_GLOBAL)
+    except ImportError:
+        pass  # the dynamic loader then looks for it by soname and names it if it is missing
     finally:
         if old is None:
             del _os.environ["OPENBLAS_NUM_THREADS"]

@@ -95,6 +95,24 @@ def promoted_dtype(a, b):
     return a if ra > rb else b
 
 
+def result_dtype(a, b):
+    """The dtype two tensors meet at, as PyTorch's result_type: tensors with dimensions outrank 0-d ones, so a
+    0-d tensor beside a tensor with dimensions acts as a scalar of its category: it decides the dtype only when
+    its category (bool < integers < floats) is higher, and then gives its own (`x_bf16 * tensor(2.0)` stays
+    bfloat16, `int64 * tensor(0.5)` is float32, `int32 * tensor(7)` stays int32). Otherwise promoted_dtype."""
+    da, db = a.dtype, b.dtype
+    if da == db:
+        return da
+    za, zb = a.ndim == 0, b.ndim == 0
+    if za == zb:
+        return promoted_dtype(da, db)
+    dim, zero = (db, da) if za else (da, db)
+    kd, kz = _KIND.get(dim), _KIND.get(zero)
+    if kd is None or kz is None:
+        raise ValueError(f"dtype mismatch: {da} and {db} (cast one with .to(dtype))")
+    return zero if kz > kd else dim
+
+
 def scalar_dtype(value, dtype):
     """The dtype a Python scalar takes beside a tensor of `dtype` (PyTorch's rules: a scalar does not widen
     a tensor of its own category; a float scalar makes an integer or bool tensor float32, an int scalar makes

@@ -41,10 +41,10 @@ def _exact(name, inputs, attrs=(), dtype=None):
 
 
 def _promote(a, b):
-    """Mixed float dtypes meet at the wider one (autocast produces such pairs)."""
+    """Two tensors cast to the dtype they meet at (PyTorch's result_type: dispatch.result_dtype)."""
     if a.dtype == b.dtype:
         return a, b
-    d = dispatch.promoted_dtype(a.dtype, b.dtype)
+    d = dispatch.result_dtype(a, b)
     return (a if a.dtype == d else cast(a, d)), (b if b.dtype == d else cast(b, d))
 
 
@@ -288,9 +288,10 @@ def _positions(x, index):
 def setitem(x, index, value):
     """x[index] = value: the elements selected as getitem selects them (duplicate ids: the last is not
     guaranteed to win, as in PyTorch). A bool mask of x's shape with a number is one masked_fill."""
+    target, x = x, _before_write(x)
     if not isinstance(value, Tensor):
         if _is_bool_mask(index) and isinstance(index, Tensor) and tuple(index.shape) == x.shape:
-            return _commit(x, masked_fill(x, index, value))
+            return _commit(target, masked_fill(x, index, value))
         value = tensor(value, dtype=x.dtype, device=x.device)
     if value.device != x.device:
         value = to_device(value, x.device)
@@ -305,7 +306,24 @@ def setitem(x, index, value):
     placed = scatter_add(zeros_n, 0, flat_ids, vals)
     base = x.reshape(-1) if x.dtype == work else cast(x.reshape(-1), work)
     new = where(hit, placed, base).reshape(x.shape)
-    return _commit(x, new if new.dtype == x.dtype else cast(new, x.dtype))
+    return _commit(target, new if new.dtype == x.dtype else cast(new, x.dtype))
+
+
+def _before_write(x):
+    """What an in-place op on x computes from: x itself, or, when x is a graph node, another Tensor object in
+    x's place in the graph, so that once x holds the result (_commit), the result's node reaches x's old value
+    instead of itself. (Ops that used x before the write still lead to x, hence to the new value: clone x
+    before an in-place write when earlier ops used it, as the docs say.)"""
+    if x._node is None or not autograd.is_grad_enabled():
+        return x
+    alias = Tensor(x._t, requires_grad=True)
+    alias._node = x._node
+    return alias
+
+
+def inplace(x, fn, *args):
+    """x = fn(x, *args) in place (x += y and friends)."""
+    return _commit(x, fn(_before_write(x), *args))
 
 
 def _commit(x, new):
@@ -326,7 +344,7 @@ def _commit(x, new):
 
 
 def masked_fill_(x, mask, value):
-    return _commit(x, masked_fill(x, mask, value))
+    return inplace(x, masked_fill, mask, value)
 
 
 def _common(xs):

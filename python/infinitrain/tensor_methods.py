@@ -122,7 +122,7 @@ def _inplace(fn):
     """An in-place operator: computes out of place, then x holds the result (functional._commit)."""
 
     def method(self, other):
-        return F._commit(self, fn(self, other))
+        return F.inplace(self, fn, other)
 
     return method
 
@@ -217,7 +217,7 @@ _METHODS = {
     "pow": F.pow,
     "neg": F.neg,
     "masked_fill_": F.masked_fill_,
-    "clamp_": lambda self, min=None, max=None: F._commit(self, F.clamp(self, min, max)),
+    "clamp_": lambda self, min=None, max=None: F.inplace(self, F.clamp, min, max),
     "clamp_min": lambda self, m: F.clamp(self, m, None),
     "clamp_max": lambda self, m: F.clamp(self, None, m),
     "maximum": F.maximum,

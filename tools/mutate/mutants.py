@@ -19,7 +19,7 @@ class Mutant(NamedTuple):
 
 
 MODELS = ("tests/test_model_reference.py", "tests/test_llmc_files.py", "tests/test_models.py")
-TRAIN = ("tests/test_train.py", "tests/test_train_flags.py")
+TRAIN = ("tests/test_train.py", "tests/test_train_flags.py", "tests/test_train_flag_effects.py")
 NN = ("tests/test_nn_optim.py", "tests/test_autograd.py", "tests/test_model_reference.py", "tests/test_models.py")
 DATA = ("tests/test_data.py", "tests/test_llmc_files.py")
 
@@ -127,13 +127,20 @@ MUTANTS = [
     Mutant(
         "P11",
         TRAIN_PY,
-        'betas=(0.9, 0.95), weight_decay=values["weight_decay"]',
-        "betas=(0.9, 0.95), weight_decay=0.0",
+        'values["learning_rate"], values["weight_decay"]',
+        'values["learning_rate"], 0.0',
         "--weight_decay ignored",
         TRAIN,
     ),
     Mutant("P12", TRAIN_PY, 'values["grad_clip"] or None', "None", "--grad_clip ignored", TRAIN),
-    Mutant("P13", TRAIN_PY, "    if llmc_filepath:\n", "    if False:\n", "--llmc_filepath ignored", TRAIN),
+    Mutant(
+        "P13",
+        TRAIN_PY,
+        'llmc_filepath=values["llmc_filepath"],',
+        'llmc_filepath="",',
+        "--llmc_filepath ignored",
+        TRAIN,
+    ),
     Mutant(
         "P14",
         TRAIN_PY,
@@ -145,16 +152,16 @@ MUTANTS = [
     Mutant(
         "P15",
         TRAIN_PY,
-        "for _ in range(min(batches, loader.batches_per_epoch)):",
-        "for _ in range(loader.batches_per_epoch):",
+        "for _ in range(min(batches, ",
+        "for _ in range(min(2**62, ",  # every batch of the epoch
         "--val_batches ignored",
         TRAIN,
     ),
     Mutant(
         "P16",
         TRAIN_PY,
-        "        print(line, flush=True)\n        log.write(line)\n",
-        "        print(line, flush=True)\n",
+        "            print(line, flush=True)\n            log.write(line)\n",
+        "            print(line, flush=True)\n",
         "--log_file gets no step lines",
         TRAIN,
     ),
@@ -236,8 +243,14 @@ MUTANTS = [
     Mutant(
         "K3",
         LOSS,
-        "S mx = -INFINITY;\n                    for (int64_t j = 0; j < vocab; ++j) mx = std::fmax(mx, Load(row + j));",
-        "S mx = 0;",
+        "S mx = -INFINITY;\n"
+        "                    // A compare, not std::fmax (a libm call per element here); NaN is skipped either way.\n"
+        "#pragma omp simd reduction(max : mx)\n"
+        "                    for (int64_t j = 0; j < vocab; ++j) {\n"
+        "                        S v = Load(row + j);\n"
+        "                        mx = v > mx ? v : mx;\n"
+        "                    }\n",
+        "S mx = 0;\n",
         "cross-entropy's log-sum-exp without max-subtraction",
         ops("loss"),
     ),
@@ -276,9 +289,8 @@ MUTANTS = [
     Mutant(
         "K8",
         ATTN,
-        "int64_t n = causal ? t + 1 : d.S;\n"
-        "                for (int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - lh[t]);",
-        "int64_t n = d.S;\n                for (int64_t s = 0; s < n; ++s) row[s] = std::exp(row[s] - lh[t]);",
+        "int64_t n = causal ? t + 1 : d.S;\n                const C l = lh[t];",
+        "int64_t n = d.S;\n                const C l = lh[t];",
         "sdpa backward ignores the causal mask",
         ops("attention"),
     ),

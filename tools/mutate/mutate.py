@@ -12,8 +12,10 @@ place and restored afterwards, also on Ctrl-C or an error; the mutated files mus
 develop links in python/infinitrain/ point at; Python mutants need no build. Each mutant's tests run with plain
 pytest on the cpu, with the sim provider importable for data-parallel training, under a time limit; kernel
 mutants run at 1, 2 and 8 OpenMP threads, as the op suites do in CI (--threads=default: the machine's count).
-Killed: a test failed or timed out. Survived: every test passed. Invalid: the mutant does not apply or does not
-build (not counted). Before mutating, the tests run once on the unmutated tree (--no_baseline skips that).
+Killed: a test failed or timed out. Survived: every test passed. Invalid: the mutant does not apply (its snippet
+does not occur exactly once), names a test file the tree lacks, or does not build: not counted in the score, but
+listed loudly and the exit status is 1, so a stale mutant cannot quietly shrink the set. Before mutating, the tests
+run once on the unmutated tree (--no_baseline skips that).
 """
 
 import argparse
@@ -117,6 +119,22 @@ def run_tests(runs, env_base, timeout, log):
     return "pass", total, ""
 
 
+def problem_of(m):
+    """Why mutant m cannot run as written (None: it can): its snippet must occur exactly once in its file, and
+    every test file it lists must exist in the tree."""
+    path = os.path.join(ROOT, m.path)
+    if not os.path.exists(path):
+        return f"{m.path} does not exist"
+    with open(path) as f:
+        n = f.read().count(m.old)
+    if n != 1:
+        return f"the snippet occurs {n} times in {m.path}"
+    missing = [t for t in m.tests if not os.path.exists(os.path.join(ROOT, t.split("::")[0]))]
+    if missing:
+        return f"test file(s) missing from the tree: {', '.join(missing)}"
+    return None
+
+
 def apply(m):
     path = os.path.join(ROOT, m.path)
     with open(path) as f:
@@ -145,10 +163,17 @@ def main():
     a = ap.parse_args()
 
     mutants = [m for m in MUTANTS if not a.only or m.id in a.only.split(",")]
+    if a.only and len(mutants) != len(set(a.only.split(","))):
+        print(f"--only={a.only}: unknown mutant id(s)", file=sys.stderr)
+        return 2
+    stale = [(m, problem_of(m)) for m in mutants]
+    stale = [(m, why) for m, why in stale if why]
+    for m, why in stale:
+        print(f"!!! INVALID MUTANT {m.id} ({m.note}): {why}: update tools/mutate/mutants.py", file=sys.stderr)
     if a.list:
         for m in mutants:
             print(f"{m.id:4s} {m.kind:3s} {m.path}: {m.note}")
-        return 0
+        return 1 if stale else 0
     paths = sorted({m.path for m in mutants})
     dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=ROOT).returncode
     if dirty and not a.allow_dirty:
@@ -197,7 +222,7 @@ def main():
     try:
         for m in mutants:
             res = {"id": m.id, "kind": m.kind, "path": m.path, "note": m.note, "build_s": 0.0, "test_s": 0.0}
-            problem = apply(m)
+            problem = problem_of(m) or apply(m)
             if problem:
                 res.update(result="invalid", detail=problem)
             else:
@@ -231,6 +256,13 @@ def main():
         f"{sum(r['result'] == 'invalid' for r in results)} invalid, in {time.time() - t_start:.0f} s"
     )
     print(line)
+    invalid = [r for r in results if r["result"] == "invalid"]
+    if invalid:
+        print(
+            f"!!! {len(invalid)} INVALID MUTANT(S), NOT SCORED: {', '.join(r['id'] for r in invalid)} "
+            "(see the lines above): the score covers the others only; exit status 1",
+            file=sys.stderr,
+        )
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(
@@ -245,7 +277,7 @@ def main():
                 f.write(
                     f"| {r['id']} | {r['path']} | {r['note']} | {r['result']} | {r['detail'].replace('|', '/')} |\n"
                 )
-    return 0
+    return 1 if invalid else 0
 
 
 if __name__ == "__main__":

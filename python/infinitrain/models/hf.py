@@ -385,7 +385,7 @@ def _llama_config(cfg):
             f"config.json: field 'head_dim' = {cfg.get('head_dim')!r} cannot be represented: "
             "LLaMA3 uses hidden_size / num_attention_heads"
         )
-    _require(cfg, "tie_word_embeddings", (False,), False, "LLaMA3 has an untied lm_head")
+    _field(cfg, "tie_word_embeddings", False, bool)  # checked here; tie_llama_head ties the built model
     scaling = cfg.get("rope_scaling")
     scaled = False
     if scaling is not None:
@@ -419,8 +419,27 @@ def _llama_config(cfg):
     )
 
 
+def llama_tied(model):
+    """Whether a LLaMA3's output head is its embedding (one shared parameter, as LLaMA 3.2 1B and 3B)."""
+    return model.lm_head.weight is model.wte.weight
+
+
+def tie_llama_head(model):
+    """Makes the output head share the embedding's parameter (tie_word_embeddings: the same tensor, trained as
+    one, counted once); returns the model."""
+    model.lm_head.weight = model.wte.weight
+    return model
+
+
+def tie_as_config(model, cfg):
+    """A model built from config.json `cfg`, tied as it says (LLaMA3Config has no field for it)."""
+    if isinstance(model, LLaMA3) and _field(cfg, "tie_word_embeddings", False, bool):
+        tie_llama_head(model)
+    return model
+
+
 def _llama_pairs(model):
-    """(HF name, parameter, kind) for LLaMA3; kind: 'q'/'k' (rotary rows), 'qkv' handled separately."""
+    """(HF name, parameter) for LLaMA3 but q/k/v (handled separately); no lm_head when it is tied."""
     pairs = [("model.embed_tokens.weight", model.wte.weight)]
     for i, b in enumerate(model.h):
         p = f"model.layers.{i}."
@@ -432,7 +451,9 @@ def _llama_pairs(model):
             (p + "mlp.up_proj.weight", b.mlp.c_fc.weight),
             (p + "mlp.down_proj.weight", b.mlp.c_proj.weight),
         ]
-    pairs += [("model.norm.weight", model.ln_f.weight), ("lm_head.weight", model.lm_head.weight)]
+    pairs += [("model.norm.weight", model.ln_f.weight)]
+    if not llama_tied(model):
+        pairs += [("lm_head.weight", model.lm_head.weight)]
     return pairs
 
 
@@ -448,6 +469,10 @@ def _llama_load(model, tensors, where):
         k = rotary_from_hf(t.take(p + "k_proj.weight", (c.n_kv_head * hd, C)), c.n_kv_head)
         v = t.take(p + "v_proj.weight", (c.n_kv_head * hd, C))
         _set(b.attn.c_attn.weight, np.concatenate([q, k, v]))
+    # A tied checkpoint may still hold the head (some exporters write it): it must be the embedding.
+    if llama_tied(model) and "lm_head.weight" in t.t:
+        if not np.array_equal(t.take("lm_head.weight", model.wte.weight.shape), _host(model.wte.weight)):
+            raise ValueError(f"{where}: lm_head.weight differs from the tied model.embed_tokens.weight")
     t.finish(re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"))
 
 
@@ -472,7 +497,8 @@ def _llama_save(model):
         "attention_dropout": 0.0,
         "mlp_bias": False,
         "initializer_range": 0.02,
-        "tie_word_embeddings": False,
+        # Tied: no lm_head.weight in the files (Hugging Face's layout; its loader ties the head to embed_tokens).
+        "tie_word_embeddings": llama_tied(model),
         "use_cache": True,
     }
     out = {name: _host(p) for name, p in _llama_pairs(model)}
@@ -676,7 +702,7 @@ _KINDS = {
 def config_from_hf(cfg):
     """(model class, our config) for a config.json dict."""
     kind = cfg.get("model_type")
-    if kind not in _KINDS:
+    if not isinstance(kind, str) or kind not in _KINDS:
         raise ValueError(f"config.json: field 'model_type' = {kind!r} is not supported (one of {', '.join(_KINDS)})")
     cls, make_config, _ = _KINDS[kind]
     return cls, make_config(cfg)
@@ -697,7 +723,7 @@ def from_pretrained(path, device="cpu", cls=None, **config_overrides):
     if config_overrides:
         raise TypeError(f"from_pretrained: unexpected arguments {sorted(config_overrides)}")
     tensors = read_tensors(path)
-    model = model_cls(config, device)
+    model = tie_as_config(model_cls(config, device), cfg)
     _KINDS[kind][2](model, tensors, path)
     return model
 

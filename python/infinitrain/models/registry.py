@@ -6,6 +6,7 @@ Plain functions with explicit arguments, so the CLI and tests share them; `defin
 flags the CLI adds for them (absl), `build_model_from_flags` / `setup_lora_from_flags` read them.
 """
 
+import dataclasses
 import json
 import os
 
@@ -48,9 +49,13 @@ def config_from_sizes(
     intermediate_size=0,
     num_experts=8,
     num_experts_per_tok=2,
+    router_aux_loss_coef=None,
 ):
-    """A fresh model's config from the CLI's size flags (0 / None: the model's derived default)."""
+    """A fresh model's config from the CLI's size flags (0 / None: the model's derived default).
+    router_aux_loss_coef (None: the model's default) weighs Mixtral's load-balancing loss."""
     _check_name(name)
+    if router_aux_loss_coef is not None and name != "mixtral":
+        raise ValueError(_no_router(name))
     kv = n_kv_head or n_head
     if name == "gpt2":
         return GPT2Config(block_size, vocab_size, -(-vocab_size // 64) * 64, n_layer, n_head, n_embd)
@@ -74,12 +79,39 @@ def config_from_sizes(
         intermediate_size=width,
     )
     if name == "mixtral":
-        return MixtralConfig(**common, num_experts=num_experts, num_experts_per_tok=num_experts_per_tok)
+        aux = {} if router_aux_loss_coef is None else {"router_aux_loss_coef": float(router_aux_loss_coef)}
+        return MixtralConfig(**common, num_experts=num_experts, num_experts_per_tok=num_experts_per_tok, **aux)
     return Qwen3Config(**common, tie_word_embeddings=False)
+
+
+def _no_router(what):
+    return f"--router_aux_loss_coef applies to mixture-of-experts models (Mixtral, Qwen3-MoE); {what} has no router"
+
+
+def set_router_aux_loss_coef(model, coef):
+    """Sets the weight of a mixture-of-experts model's load-balancing loss in the training loss (in place;
+    None: leave the model's); refuses a model without experts."""
+    if coef is None:
+        return model
+    if not getattr(model.config, "num_experts", 0):
+        raise ValueError(_no_router(f"this {type(model).__name__} model"))
+    # replace() runs the config's checks (a finite coefficient in range) before the model takes it.
+    model.config = dataclasses.replace(model.config, router_aux_loss_coef=float(coef))
+    return model
 
 
 def config_from_json(name, path):
     """Our config from a Hugging Face config.json, checked to be the --model architecture."""
+    return _read_config_json(name, path)[1]
+
+
+def model_from_config_json(name, path, device="cpu"):
+    """A fresh model sized by a Hugging Face config.json; tied as it says (LLaMA's tie_word_embeddings)."""
+    cfg, config = _read_config_json(name, path)
+    return hf.tie_as_config(_CLASSES[name](config, device), cfg)
+
+
+def _read_config_json(name, path):
     try:
         with open(path) as f:
             cfg = json.load(f)
@@ -90,7 +122,7 @@ def config_from_json(name, path):
     cls, config = hf.config_from_hf(cfg)
     if cls is not _check_name(name):
         raise ValueError(f"--config_json {path} describes a {cfg.get('model_type')} model, but --model={name}")
-    return config
+    return cfg, config
 
 
 def load_pretrained(name, path, device="cpu"):
@@ -122,23 +154,25 @@ def build_model(
     num_experts_per_tok=2,
     config_json="",
     init_from="",
+    router_aux_loss_coef=None,
     device="cpu",
 ):
     """The model the CLI trains: from --init_from's weights, else fresh with --config_json's sizes, else with
-    the size flags. A checkpoint's vocabulary must cover the data's (vocab_size)."""
+    the size flags; router_aux_loss_coef (None: the model's or its config's) weighs an MoE model's balancing
+    loss. A checkpoint's vocabulary must cover the data's (vocab_size)."""
     if init_from and config_json:
         raise ValueError("--init_from and --config_json both set: the checkpoint carries its own config")
     if init_from:
         model = load_pretrained(name, init_from, device)
+    elif config_json:
+        model = model_from_config_json(name, config_json, device)
     else:
-        if config_json:
-            cfg = config_from_json(name, config_json)
-        else:
-            cfg = config_from_sizes(
-                name, vocab_size, block_size, n_layer, n_head, n_embd, n_kv_head, intermediate_size, num_experts,
-                num_experts_per_tok,
-            )  # fmt: skip
+        cfg = config_from_sizes(
+            name, vocab_size, block_size, n_layer, n_head, n_embd, n_kv_head, intermediate_size, num_experts,
+            num_experts_per_tok,
+        )  # fmt: skip
         model = _CLASSES[name](cfg, device)
+    set_router_aux_loss_coef(model, router_aux_loss_coef)
     if model.config.vocab_size < vocab_size:
         raise ValueError(f"the model's vocab_size {model.config.vocab_size} is smaller than the data's {vocab_size}")
     if model.config.block_size < block_size:
@@ -166,6 +200,7 @@ RUN_FLAGS = (
     "intermediate_size",
     "num_experts",
     "num_experts_per_tok",
+    "router_aux_loss_coef",
     "lora_rank",
     "lora_alpha",
     "lora_target_modules",
@@ -190,6 +225,11 @@ def define_flags(flag_values=None):
     flags.DEFINE_integer(
         "num_experts_per_tok", 2, "Experts each token is routed to (top-k).", lower_bound=1, flag_values=fv
     )
+    flags.DEFINE_float(
+        "router_aux_loss_coef", None,
+        "Weight of the router's load-balancing loss in a mixture-of-experts model's loss (default: the model's, "
+        "Mixtral 0.02, Qwen3-MoE 0.001, or its config.json's).", lower_bound=0.0, flag_values=fv,
+    )  # fmt: skip
     flags.DEFINE_integer("lora_rank", 0, "LoRA rank (0: full fine-tuning).", lower_bound=0, flag_values=fv)
     flags.DEFINE_float("lora_alpha", 16.0, "LoRA alpha: the update is scaled by alpha / rank.", flag_values=fv)
     flags.DEFINE_string(
@@ -214,6 +254,7 @@ def build_model_from_flags(fv, vocab_size, device):
         num_experts_per_tok=fv.num_experts_per_tok,
         config_json=fv.config_json,
         init_from=fv.init_from,
+        router_aux_loss_coef=fv.router_aux_loss_coef,
         device=device,
     )
 

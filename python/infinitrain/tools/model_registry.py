@@ -195,15 +195,18 @@ class ModelSpec:
     vocab_from: str = ""  # where the vocabulary size came from, for messages
     init_from: str = ""  # an llm.c model file or a Hugging Face folder (the models' loader)
     config_json: str = ""  # a Hugging Face config.json giving a fresh model's sizes
+    router_aux_loss_coef: float = None  # an MoE model's balancing-loss weight (None: the model's)
 
     def build(self, device):
+        return models_registry.set_router_aux_loss_coef(self._build(device), self.router_aux_loss_coef)
+
+    def _build(self, device):
         if self.llmc_filepath:
             return self.family.from_llmc(self.llmc_filepath, device)
         if self.init_from:
             return self.family.from_pretrained(self.init_from, device)
         if self.config_json:
-            config = models_registry.config_from_json(self.family.name, self.config_json)
-            return self.family.build(config, device)
+            return models_registry.model_from_config_json(self.family.name, self.config_json, device)
         return self.family.build(self.family.config(self.fields), device)
 
 
@@ -233,14 +236,15 @@ def family_of(name):
 
 def resolve(
     name, *, shape, sequence_length, vocab_size=None, vocab_from="", llmc_filepath="", token_kind=None, init_from="",
-    config_json="",
+    config_json="", router_aux_loss_coef=None,
 ):  # fmt: skip
     """The ModelSpec for --model=name.
 
     shape: the shape flags given explicitly (name -> value). vocab_size: from --vocab_size or the tokenizer
     (None: the preset's, else the token file kind's). llmc_filepath, init_from (an llm.c file or a Hugging Face
-    folder) and config_json (a Hugging Face config.json) fix the shape instead. Raises ModelChoiceError (a
-    one-line message) on conflicts.
+    folder) and config_json (a Hugging Face config.json) fix the shape instead. router_aux_loss_coef (None: the
+    model's) goes to a mixture-of-experts model (a model built without experts refuses it). Raises
+    ModelChoiceError (a one-line message) on conflicts.
     """
     family_name, preset, _ = PRESETS.get(name, (None, None, None))
     if family_name is None:
@@ -261,9 +265,10 @@ def resolve(
             )
         if name != family.name and preset:
             raise ModelChoiceError(f"--model={name} fixes the model's shape; use --model={family.name} with --{flag}")
+        aux = router_aux_loss_coef
         if config_json:
-            return ModelSpec(family, {}, "", "the config file", config_json=config_json)
-        return ModelSpec(family, {}, llmc_filepath, "the model file", init_from=init_from)
+            return ModelSpec(family, {}, "", "the config file", config_json=config_json, router_aux_loss_coef=aux)
+        return ModelSpec(family, {}, llmc_filepath, "the model file", init_from=init_from, router_aux_loss_coef=aux)
     unknown = [k for k in given if k not in family.shape_flags]
     if unknown:
         raise ModelChoiceError(f"--{unknown[0]} does not apply to {family.name} models")
@@ -289,10 +294,15 @@ def resolve(
     else:
         vocab_from = f"the {name} preset"
     try:
-        family.config(fields)  # validates now, as a usage error
+        config = family.config(fields)  # validates now, as a usage error
     except (TypeError, ValueError) as e:
         raise ModelChoiceError(f"--model={name}: {e}") from None
-    return ModelSpec(family, fields, "", vocab_from)
+    if router_aux_loss_coef is not None and not getattr(config, "num_experts", 0):
+        raise ModelChoiceError(
+            f"--router_aux_loss_coef applies to mixture-of-experts models (mixtral, or a Qwen3-MoE from "
+            f"--config_json/--init_from); --model={name} has no router"
+        )
+    return ModelSpec(family, fields, "", vocab_from, router_aux_loss_coef=router_aux_loss_coef)
 
 
 def config_dict(model):

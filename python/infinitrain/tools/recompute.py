@@ -7,6 +7,7 @@ block's at a time, for about one more forward pass of compute.
 """
 
 from infinitrain import amp, autograd, dispatch
+from infinitrain import random as _random
 from infinitrain.tensor import Tensor
 
 
@@ -14,11 +15,13 @@ def checkpoint(fn, *args):
     """fn(*args), recording one graph node whose backward recomputes fn with the autocast state of the forward.
 
     Gradients of the parameters fn uses go straight into their .grad (they are leaves) during that backward.
-    fn must return one tensor and be deterministic (no dropout: the models here have none).
+    fn must return one tensor. Random ops on the default generator (LoRA's dropout) draw the same numbers in the
+    recompute as in the forward: backward replays the generator state of the forward, then restores its own.
     """
     if not autograd.is_grad_enabled():
         return fn(*args)
     cast_dtype = amp.autocast_dtype()
+    rng_state = _random.default_generator.get_state()
     with autograd.no_grad():
         out = fn(*args)
     if not isinstance(out, Tensor):
@@ -29,8 +32,14 @@ def checkpoint(fn, *args):
         inputs = list(args)
         for i in needs:
             inputs[i] = args[i].detach().requires_grad_()
-        with autograd.enable_grad(), amp.autocast(dtype=cast_dtype, enabled=cast_dtype is not None):
-            again = fn(*inputs)
+        gen = _random.default_generator
+        current = gen.get_state()
+        gen.set_state(rng_state)
+        try:
+            with autograd.enable_grad(), amp.autocast(dtype=cast_dtype, enabled=cast_dtype is not None):
+                again = fn(*inputs)
+        finally:  # the recompute must not move the generator: later draws stay those of a run without it
+            gen.set_state(current)
         autograd.backward(again, grad)
         return tuple(inputs[i].grad for i in needs)
 
