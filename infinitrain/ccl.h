@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "infinitrain/device.h"
@@ -60,7 +61,19 @@ public:
     // Calls between GroupStart and GroupEnd from one thread may wait on each other (as in NCCL).
     virtual void GroupStart() = 0;
     virtual void GroupEnd() = 0;
+    // Whether InitRank joins ranks in other processes (NCCL, MCCL, Gloo). One that only joins the ranks of its own
+    // process (sim's) gets multi-process groups through StagedCommunicator, over the cpu's CCL.
+    virtual bool SpansProcesses() const { return true; }
 };
+
+// A communicator for `device` whose collectives copy the buffers to the host, run `host` (a cpu communicator
+// with the same ranks) on them and copy the results back, on the current stream of the device; the host waits
+// for each. For devices whose CCL cannot span processes.
+std::unique_ptr<Communicator> StagedCommunicator(std::shared_ptr<Communicator> host, Device device);
+
+// The rendezvous store the cpu CCL's unique ids point at (infinitrain.distributed sets it).
+void SetRendezvousStore(const std::string& host, int port);
+std::pair<std::string, int> RendezvousStore();  // ("", 0) until set
 
 using CclFactory = std::function<std::unique_ptr<CclBackend>()>;
 

@@ -28,7 +28,7 @@ def main(args):
         name = os.path.basename(p)
         dst = (
             os.path.join(src, "infinitrain", name)
-            if name in ("_C.so", "libinfinitrain.so")
+            if name in ("_C.so", "_gloo.so", "libinfinitrain.so")
             else os.path.join(src, name)
         )
         wanted.add(dst)

@@ -12,7 +12,7 @@ import pytest
 import infinitrain as it
 from harness import DEVICE, rng
 from infinitrain import _C, backends, runtime
-from infinitrain import distributed as dist
+from infinitrain.distributed import comm as dist
 
 TYPE = DEVICE.split(":")[0]
 if TYPE == "cpu" and "sim" in backends.available():

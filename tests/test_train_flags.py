@@ -146,7 +146,7 @@ def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path, c
     one_line_error(run_in_process(capsys, *base, f"--flagfile={flagfile}"), "learning_rate_typo")
     for flag, needle in (
         ("--tensor_parallel=2", "tensor parallelism is not implemented yet"),
-        ("--zero_stage=1", "ZeRO"),
+        ("--zero_stage=1", "shards across processes: start the run with python -m infinitrain.run"),
         ("--sequence_parallel", "sequence parallelism"),
         ("--pipeline_parallel=2", "pipeline parallelism"),
         ("--lora_save_path=x", "--lora_save_path needs --lora_rank"),
@@ -396,3 +396,95 @@ def test_the_models_families_train_from_the_cli(family, corpus, tmp_path):
     assert config["model_config"]["n_layer"] == 1 and config["model_config"]["n_kv_head"] == 1
     if family == "mixtral":
         assert config["model_config"]["num_experts"] == 2 and config["model_config"]["intermediate_size"] == 48
+
+
+# ---- flags that would have been ignored -----------------------------------------------------------------------
+
+
+def test_recompute_granularity_none_conflicts_with_recompute(corpus, capsys):
+    base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY]
+    p = run_in_process(capsys, *base, "--activation_recompute", "--recompute_granularity=none")
+    one_line_error(p, "--recompute_granularity=none", "--activation_recompute", "--recompute_granularity=full")
+    # Either alone is fine: none without --activation_recompute is no recompute, as asked.
+    assert run_in_process(capsys, *base, "--recompute_granularity=none").returncode == 0
+
+
+def test_lora_load_path_refuses_other_adapter_settings(corpus, tmp_path, capsys):
+    """The adapters bring their rank, alpha, targets and dropout: a flag given with another value is refused by
+    name (not silently overridden); one equal to the adapters' (a flag file's) is fine."""
+    from infinitrain.models import lora
+
+    it.manual_seed(0)
+    model = R.resolve("gpt2", shape={"n_layer": 1, "n_head": 2, "n_embd": 32}, sequence_length=16, vocab_size=64)
+    model = model.build("cpu")
+    lora.apply_lora(model, "c_attn,c_proj", rank=2, alpha=8.0, dropout=0.1)
+    adapters = tmp_path / "adapters"
+    lora.save_adapters(model, adapters)
+    base = [f"--input_bin={corpus}", "--num_iteration=1", *TINY, "--model=gpt2", f"--lora_load_path={adapters}"]
+    for flags, named in (
+        (["--lora_rank=4"], ["--lora_rank=4 (the adapters': 2)"]),
+        (["--lora_alpha=16"], ["--lora_alpha=16.0 (the adapters': 8.0)"]),
+        (["--lora_dropout=0"], ["--lora_dropout=0.0"]),
+        (["--lora_target_modules=c_attn"], ["--lora_target_modules=c_attn"]),
+        (["--lora_rank=3", "--lora_dropout=0.2"], ["--lora_rank=3", "--lora_dropout=0.2", "conflict with"]),
+    ):
+        one_line_error(run_in_process(capsys, *base, *flags), *named, "--lora_load_path")
+    metrics = tmp_path / "m.jsonl"
+    same = ["--lora_target_modules=c_proj,c_attn", "--lora_rank=2", "--lora_alpha=8", "--lora_dropout=0.1"]
+    p = run_in_process(capsys, *base, *same, f"--metrics_file={metrics}")
+    assert p.returncode == 0, p.stderr
+    assert read_metrics(metrics)[0]["parameters"] == model.num_parameters()  # the adapters came along
+
+
+def test_profile_and_precision_steps_outside_the_run_are_refused(corpus, tmp_path, capsys):
+    """Steps the run never reaches (past --num_iteration, or before the step a run continues from) would record
+    nothing: a usage error naming the flag and the steps the run trains."""
+    base = [f"--input_bin={corpus}", *TINY]
+    for flag, needles in (
+        ("--profile_steps=4:5", ["--profile_steps=4:5", "steps 1..3", "--num_iteration=3"]),
+        ("--profile_steps=4", ["--profile_steps=4", "steps 1..3"]),
+        ("--precision_check=steps=4:6", ["--precision_check steps=4:6", "steps 1..3", "within 1..3"]),
+    ):
+        one_line_error(run_in_process(capsys, *base, "--num_iteration=3", flag), *needles)
+    ckpt = tmp_path / "ckpt"
+    assert run_in_process(capsys, *base, "--num_iteration=2", f"--save={ckpt}").returncode == 0
+    more = [*base, "--num_iteration=4", f"--load={ckpt}"]
+    for flag, needles in (
+        ("--profile_steps=1:3", ["--profile_steps=1:3", "steps 3..4", "resumed at step 2"]),
+        ("--precision_check=steps=2", ["--precision_check steps=2", "steps 3..4", "resumed at step 2"]),
+    ):
+        one_line_error(run_in_process(capsys, *more, flag), *needles)
+    # A record that overlaps the run is kept: steps 3 and 4 of 2:5.
+    out = tmp_path / "prec.jsonl"
+    p = run_in_process(capsys, *more, f"--precision_check=steps=2:5,level=1,output_path={out}")
+    assert p.returncode == 0, p.stderr
+    assert {json.loads(line).get("step") for line in open(out)} - {None} == {3, 4}
+
+
+def test_one_accelerator_takes_its_batches_through_a_device_loader(corpus, tmp_path, capsys, monkeypatch):
+    """A single non-cpu device reads the training and validation batches through DeviceLoader (pinned buffers
+    copied ahead on a side stream); the cpu reads the arrays as before."""
+    from infinitrain import train
+    from infinitrain.data.device import DeviceLoader
+
+    made = []
+
+    class Counting(DeviceLoader):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.handed = 0
+            made.append(self)
+
+        def __next__(self):
+            self.handed += 1
+            return super().__next__()
+
+    monkeypatch.setattr(train, "DeviceLoader", Counting)
+    args = [f"--input_bin={corpus}", f"--input_val_bin={corpus}", "--num_iteration=3", "--val_loss_every=2"]
+    p = run_in_process(capsys, *args, "--val_batches=2", *TINY, f"--metrics_file={tmp_path / 'm.jsonl'}")
+    assert p.returncode == 0, p.stderr
+    if it.runtime.parse_device(DEVICE) == "cpu":
+        assert made == []
+    else:
+        assert [m.device for m in made] == [it.runtime.parse_device(DEVICE)] * 2
+        assert [m.handed for m in made] == [3, 4]  # 3 steps; 2 validation batches at steps 2 and 3

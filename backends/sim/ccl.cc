@@ -615,6 +615,8 @@ public:
         if (GroupDepth() == 0) throw std::logic_error("sim CCL: GroupEnd without a matching GroupStart");
         --GroupDepth();
     }
+    // Groups meet in this process's memory; across processes the core stages through the cpu's CCL.
+    bool SpansProcesses() const override { return false; }
 
 private:
     static int& GroupDepth() {

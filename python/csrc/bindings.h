@@ -1,5 +1,5 @@
 // The pieces of infinitrain._C, one file per area: tensors, ops, runtime
-// (devices, streams, events, memory), collectives. module.cc puts them together.
+// (devices, streams, events, memory), collectives, the rendezvous store. module.cc puts them together.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -16,6 +16,7 @@ void BindTensors(py::module_& m);
 void BindOps(py::module_& m);
 void BindRuntime(py::module_& m);
 void BindCollectives(py::module_& m);
+void BindStore(py::module_& m);
 
 // Parses a device name; an unknown provider name imports and registers that provider first.
 Device Dev(const std::string& spec);

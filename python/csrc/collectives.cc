@@ -14,7 +14,7 @@ namespace infinitrain::python {
 namespace {
 
 struct CommHandle {
-    std::unique_ptr<Communicator> comm;
+    std::shared_ptr<Communicator> comm;  // shared: a staged communicator holds the cpu one it runs on
 };
 
 // Inside a group a CCL may enqueue the calls only at GroupEnd (NCCL does), so the buffers of the calls made
@@ -63,6 +63,7 @@ void BindCollectives(py::module_& m) {
         .def("all_reduce",
              [](const CommHandle& c, const Tensor& send, const Tensor& recv, const std::string& op) {
                  Stream s = Prepare(c, {send, recv}, send.numel(), recv.numel());
+                 py::gil_scoped_release release;  // Gloo's collectives block until done
                  DeviceGuard guard(s.device());
                  c.comm->AllReduce(send.data(), recv.data(), send.numel(), send.dtype(), ParseReduceOp(op), s);
              })
@@ -70,6 +71,7 @@ void BindCollectives(py::module_& m) {
              [](const CommHandle& c, const Tensor& send, const Tensor& recv, int root) {
                  Stream s = Prepare(c, {send, recv}, send.numel(), recv.numel());
                  CheckRoot(c, root);
+                 py::gil_scoped_release release;  // Gloo's collectives block until done
                  DeviceGuard guard(s.device());
                  c.comm->Broadcast(send.data(), recv.data(), send.numel(), send.dtype(), root, s);
              })
@@ -77,18 +79,21 @@ void BindCollectives(py::module_& m) {
              [](const CommHandle& c, const Tensor& send, const Tensor& recv, const std::string& op, int root) {
                  Stream s = Prepare(c, {send, recv}, send.numel(), recv.numel());
                  CheckRoot(c, root);
+                 py::gil_scoped_release release;  // Gloo's collectives block until done
                  DeviceGuard guard(s.device());
                  c.comm->Reduce(send.data(), recv.data(), send.numel(), send.dtype(), ParseReduceOp(op), root, s);
              })
         .def("all_gather",
              [](const CommHandle& c, const Tensor& send, const Tensor& recv) {
                  Stream s = Prepare(c, {send, recv}, send.numel() * c.comm->size(), recv.numel());
+                 py::gil_scoped_release release;  // Gloo's collectives block until done
                  DeviceGuard guard(s.device());
                  c.comm->AllGather(send.data(), recv.data(), send.numel(), send.dtype(), s);
              })
         .def("reduce_scatter",
              [](const CommHandle& c, const Tensor& send, const Tensor& recv, const std::string& op) {
                  Stream s = Prepare(c, {send, recv}, send.numel(), recv.numel() * c.comm->size());
+                 py::gil_scoped_release release;  // Gloo's collectives block until done
                  DeviceGuard guard(s.device());
                  c.comm->ReduceScatter(send.data(), recv.data(), recv.numel(), send.dtype(), ParseReduceOp(op), s);
              })
@@ -96,12 +101,14 @@ void BindCollectives(py::module_& m) {
              [](const CommHandle& c, const Tensor& buf, int peer) {
                  Stream s = Prepare(c, {buf}, 0, 0);
                  CheckRoot(c, peer);
+                 py::gil_scoped_release release;  // Gloo's collectives block until done
                  DeviceGuard guard(s.device());
                  c.comm->Send(buf.data(), buf.numel(), buf.dtype(), peer, s);
              })
         .def("recv", [](const CommHandle& c, const Tensor& buf, int peer) {
             Stream s = Prepare(c, {buf}, 0, 0);
             CheckRoot(c, peer);
+            py::gil_scoped_release release;  // Gloo's collectives block until done
             DeviceGuard guard(s.device());
             c.comm->Recv(buf.data(), buf.numel(), buf.dtype(), peer, s);
         });
@@ -158,6 +165,17 @@ void BindCollectives(py::module_& m) {
         if (t_group_depth == 0) t_group_buffers.clear();  // the collectives are enqueued now
     });
     m.def("has_ccl", [](const std::string& type) { return HasCcl(Dev(type).type); });
+    m.def("ccl_spans_processes", [](const std::string& type) { return GetCcl(Dev(type).type).SpansProcesses(); });
+    m.def("ccl_staged", [](const CommHandle& host, const std::string& dev) {
+        Device d = Dev(dev);
+        CheckDevice(d);
+        if (host.comm->device().type != DeviceType::kCPU) {
+            throw std::invalid_argument("ccl_staged: the host communicator must be a cpu one, got " +
+                                        host.comm->device().ToString());
+        }
+        return std::make_shared<CommHandle>(CommHandle{StagedCommunicator(host.comm, d)});
+    });
+    m.def("set_rendezvous_store", &SetRendezvousStore);
 }
 
 }  // namespace infinitrain::python

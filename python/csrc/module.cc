@@ -49,4 +49,5 @@ PYBIND11_MODULE(_C, m) {
     python::BindOps(m);
     python::BindRuntime(m);
     python::BindCollectives(m);
+    python::BindStore(m);
 }

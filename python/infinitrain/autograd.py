@@ -90,43 +90,63 @@ def backward(root, grad=None, retain_graph=False):
             f"expected {root.dtype}{list(root.shape)} on {root.device}"
         )
     grads = {id(root): grad}
-    with no_grad():
-        for t in _toposort(root):
-            g = grads.pop(id(t), None)
-            if g is None:
-                continue
-            for hook in t._hooks or ():
-                r = hook(g)
-                if r is not None:
-                    if r.shape != g.shape or r.dtype != g.dtype or r.device != g.device:
-                        raise ValueError(
-                            f"a hook returned {r.dtype}{list(r.shape)} on {r.device} for a gradient of "
-                            f"{g.dtype}{list(g.shape)} on {g.device}"
-                        )
-                    g = r
-            node = t._node
-            if node is None:
-                t._accumulate_grad(g)
-                continue
-            if t._retains_grad:
-                t._accumulate_grad(g)
-            for native, version in node.saved:
-                if native.version != version:
-                    raise RuntimeError(
-                        f"a tensor that the backward of '{node.name}' needs was modified in place after it was "
-                        f"used (version {native.version}, saved at {version}); clone it before writing to it"
+    outer, _state.callbacks = getattr(_state, "callbacks", None), []
+    try:
+        with no_grad():
+            _run(root, grads, retain_graph)
+            while _state.callbacks:
+                _state.callbacks.pop(0)()
+    finally:
+        _state.callbacks = outer
+
+
+def queue_callback(fn):
+    """fn() runs once the backward() in progress on this thread has been through the graph (DDP waits for its
+    all-reduces there); outside a backward it is an error."""
+    if getattr(_state, "callbacks", None) is None:
+        raise RuntimeError("queue_callback: no backward() is running on this thread")
+    _state.callbacks.append(fn)
+
+
+def _run(root, grads, retain_graph):
+    for t in _toposort(root):
+        g = grads.pop(id(t), None)
+        if g is None:
+            continue
+        for hook in t._hooks or ():
+            r = hook(g)
+            if r is not None:
+                if r.shape != g.shape or r.dtype != g.dtype or r.device != g.device:
+                    raise ValueError(
+                        f"a hook returned {r.dtype}{list(r.shape)} on {r.device} for a gradient of "
+                        f"{g.dtype}{list(g.shape)} on {g.device}"
                     )
-            in_grads = node.backward(g)
-            for p, pg in zip(node.inputs, in_grads, strict=True):
-                if p is None or pg is None or not p.requires_grad:
-                    continue
-                if pg.dtype != p.dtype:
-                    pg = pg.to(p.dtype)
-                prev = grads.get(id(p))
-                grads[id(p)] = pg if prev is None else prev + pg
-            if not retain_graph:
-                # Drop the inputs (and the activations the closure holds) so the graph can be freed.
-                t._node = Node(_freed, (), node.name)
+                g = r
+        node = t._node
+        if node is None:
+            t._accumulate_grad(g)
+            for hook in t._post_hooks or ():
+                hook(t)
+            continue
+        if t._retains_grad:
+            t._accumulate_grad(g)
+        for native, version in node.saved:
+            if native.version != version:
+                raise RuntimeError(
+                    f"a tensor that the backward of '{node.name}' needs was modified in place after it was "
+                    f"used (version {native.version}, saved at {version}); clone it before writing to it"
+                )
+        in_grads = node.backward(g)
+        for p, pg in zip(node.inputs, in_grads, strict=True):
+            if p is None or pg is None or not p.requires_grad:
+                continue
+            if pg.dtype != p.dtype:
+                pg = pg.to(p.dtype)
+            prev = grads.get(id(p))
+            grads[id(p)] = pg if prev is None else prev + pg
+        if not retain_graph:
+            # Drop the inputs (and the activations the closure holds) so the graph can be freed.
+            t._node = Node(_freed, (), node.name)
 
 
 def _freed(_):

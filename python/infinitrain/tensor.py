@@ -25,7 +25,7 @@ def _check_dtype(dtype):
 
 
 class Tensor:
-    __slots__ = ("_t", "requires_grad", "grad", "_node", "_hooks", "_retains_grad", "__weakref__")
+    __slots__ = ("_t", "requires_grad", "grad", "_node", "_hooks", "_post_hooks", "_retains_grad", "__weakref__")
     # NumPy defers `array op tensor` to the tensor's reflected operator instead of converting the tensor.
     __array_priority__ = 1000
 
@@ -35,6 +35,7 @@ class Tensor:
         self.grad = None
         self._node = None
         self._hooks = None
+        self._post_hooks = None
         self._retains_grad = False
 
     # ---- metadata ----
@@ -150,6 +151,15 @@ class Tensor:
         if self._hooks is None:
             self._hooks = []
         self._hooks.append(fn)
+        return fn
+
+    def register_post_accumulate_grad_hook(self, fn):
+        """fn(tensor) runs after backward accumulated into this leaf's .grad (DDP starts its all-reduces so)."""
+        if not self.requires_grad or self._node is not None:
+            raise RuntimeError("register_post_accumulate_grad_hook: only for leaf tensors that require grad")
+        if self._post_hooks is None:
+            self._post_hooks = []
+        self._post_hooks.append(fn)
         return fn
 
     def retain_grad(self):

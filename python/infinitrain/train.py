@@ -9,6 +9,7 @@ precision checker and a profiler. Flags follow InfiniTrain's; an InfiniTrain `tr
 
 # Only main() reads FLAGS; every helper takes what it needs as arguments.
 
+import json
 import math
 import os
 import signal
@@ -21,6 +22,7 @@ from absl import app, flags
 
 import infinitrain as it
 from infinitrain.data import ByteTokenizer, DataLoader, default_corpus, read_tokens_header
+from infinitrain.data.device import DeviceLoader
 from infinitrain.data.tokens import token_file_identity
 from infinitrain.models import lora
 from infinitrain.models import registry as models_registry
@@ -59,7 +61,9 @@ flags.DEFINE_integer(
 flags.DEFINE_string("llmc_filepath", "", "Start from this llm.c model file (it fixes the model's shape).")
 flags.DEFINE_string("input_bin", "", "llm.c token file to train on (default: the Shakespeare corpus).")
 flags.DEFINE_string("input_val_bin", "", "llm.c token file for validation (default: the corpus's val split).")
-flags.DEFINE_string("tokenizer_bin", "", "llm.c tokenizer file (samples; its size is the vocabulary).")
+flags.DEFINE_string(
+    "tokenizer_bin", "", "llm.c tokenizer file or Hugging Face tokenizer.json (samples; its size is the vocabulary)."
+)
 # Where
 flags.DEFINE_string("device", "cpu", "Device to train on: cpu, or a provider's device such as sim:0 or cuda.")
 flags.DEFINE_string(
@@ -87,7 +91,9 @@ flags.DEFINE_float("weight_decay", 0.0, "Weight decay (AdamW's decoupled; SGD's 
 flags.DEFINE_float("grad_clip", 1.0, "Gradient norm clip (0: off).", lower_bound=0.0)
 flags.DEFINE_integer("seed", 42, "Seed for initialisation and data order.", lower_bound=0, upper_bound=2**63 - 1)
 flags.DEFINE_bool("activation_recompute", False, "Recompute each transformer block's forward in backward.")
-flags.DEFINE_string("recompute_granularity", "full", "InfiniTrain's: full (every block) is implemented.")
+flags.DEFINE_string(
+    "recompute_granularity", "full", "InfiniTrain's: full (every block) is implemented; none conflicts with recompute."
+)
 flags.DEFINE_string("recompute_method", "none", "InfiniTrain's: none or uniform with --recompute_num_layers <= 1.")
 flags.DEFINE_integer("recompute_num_layers", 0, "InfiniTrain's: layers per recompute region (0 or 1).", lower_bound=0)
 # Evaluation and samples
@@ -117,16 +123,20 @@ flags.DEFINE_string("precision_check", "", "Record per-module/op statistics: ste
 flags.DEFINE_string("profile_steps", "", "Profile steps A..B (A:B, 1-based): op table and Chrome trace.")
 flags.DEFINE_string("profile_name", "profile", "Prefix of the profiler's files in the run directory.")
 # InfiniTrain flags whose features are not here yet: accepted at their neutral value, refused otherwise.
-flags.DEFINE_integer("zero_stage", 0, "ZeRO stage: only 0 (no sharding) is implemented.")
+flags.DEFINE_integer(
+    "zero_stage", 0, "ZeRO stage under infinitrain.run: 0 none, 1 optimizer state sharded, 2 gradients too.", 0, 2
+)
 flags.DEFINE_integer("tensor_parallel", 1, "Tensor parallel size: only 1 is implemented.")
 flags.DEFINE_bool("sequence_parallel", False, "Sequence parallelism: not implemented.")
 flags.DEFINE_integer("pipeline_parallel", 1, "Pipeline parallel size: only 1 is implemented.")
 flags.DEFINE_integer("virtual_pipeline_parallel", 1, "Virtual pipeline chunks: only 1 is implemented.")
 # The models' flags: --config_json, --init_from, --intermediate_size, --num_experts, --num_experts_per_tok,
-# --lora_rank, --lora_alpha, --lora_target_modules, --lora_dropout.
+# --router_aux_loss_coef, --lora_rank, --lora_alpha, --lora_target_modules, --lora_dropout.
 models_registry.define_flags()
 flags.DEFINE_string("lora_save_path", "", "Save the LoRA adapters here at the end (PEFT's file names).")
-flags.DEFINE_string("lora_load_path", "", "Start from these LoRA adapters (their rank and targets come along).")
+flags.DEFINE_string(
+    "lora_load_path", "", "Start from these LoRA adapters (their rank, alpha, targets and dropout come along)."
+)
 
 # Our earlier names.
 ALIASES = {}
@@ -144,7 +154,6 @@ for _alias, _name in (
 
 # Flags of features not implemented yet: (flag, neutral values, what is missing).
 UNSUPPORTED = (
-    ("zero_stage", (0,), "ZeRO optimizer-state sharding"),
     ("tensor_parallel", (1,), "tensor parallelism"),
     ("sequence_parallel", (False,), "sequence parallelism"),
     ("pipeline_parallel", (1,), "pipeline parallelism"),
@@ -212,10 +221,15 @@ def build_models(spec, devices, adapt=None):
     return models, params
 
 
-def lora_settings(values):
+LORA_SHAPE_FLAGS = ("lora_rank", "lora_alpha", "lora_target_modules", "lora_dropout")
+
+
+def lora_settings(values, family="", present=()):
     """LoRA as the flags ask (None: off): the models' adapters on --lora_target_modules (empty: the family's
-    attention projections), or the adapters of --lora_load_path."""
+    attention projections), or the adapters of --lora_load_path. The adapters carry their own rank, alpha,
+    targets and dropout: any of those flags given explicitly with another value is refused."""
     if values["lora_load_path"]:
+        check_lora_load_flags(values, family, present)
         return {"load": values["lora_load_path"]}
     if not values["lora_rank"]:
         if values["lora_save_path"]:
@@ -227,6 +241,42 @@ def lora_settings(values):
         "targets": values["lora_target_modules"],
         "dropout": values["lora_dropout"],
     }
+
+
+def check_lora_load_flags(values, family, present):
+    """Refuses --lora_rank/--lora_alpha/--lora_target_modules/--lora_dropout given explicitly with a value other
+    than --lora_load_path's adapter_config.json records (equal ones, e.g. from a flag file, change nothing)."""
+    given = [k for k in LORA_SHAPE_FLAGS if k in present]
+    if not given:
+        return
+    path = values["lora_load_path"]
+    saved = {}
+    try:
+        with open(os.path.join(path, lora.ADAPTER_CONFIG)) as f:
+            cfg = json.load(f)
+        saved = {"lora_rank": int(cfg["r"]), "lora_alpha": float(cfg["lora_alpha"])}
+        saved["lora_dropout"] = float(cfg.get("lora_dropout", 0.0))
+        saved["lora_target_modules"] = sorted(lora._patterns(cfg["target_modules"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # unreadable: loading the adapters reports it; every explicit flag is then a conflict
+    conflicts = []
+    for k in given:
+        v = values[k]
+        if k == "lora_target_modules":
+            v = v or models_registry.DEFAULT_LORA_TARGETS.get(family, "")
+            v = sorted(p.strip() for p in v.split(",") if p.strip())
+        elif k == "lora_rank":
+            v = int(v)
+        else:
+            v = float(v)
+        if saved.get(k) != v:
+            conflicts.append(f"--{k}={values[k]}" + (f" (the adapters': {saved[k]})" if k in saved else ""))
+    if conflicts:
+        raise UsageError(
+            f"{', '.join(conflicts)} conflict{'s' if len(conflicts) == 1 else ''} with --lora_load_path={path}: the "
+            "adapters bring their own rank, alpha, targets and dropout; drop "
+            + ", ".join(c.split("=")[0] for c in conflicts)
+        )
 
 
 def apply_lora(model, family, settings):
@@ -244,12 +294,18 @@ def apply_lora(model, family, settings):
         raise UsageError(f"LoRA: {' '.join(str(e).split())}") from None
 
 
-def make_optimizer(params, values):
+def optimizer_choice(values):
+    """(optimizer class, its keyword arguments) that --optimizer and its flags choose."""
     name, lr, wd = values["optimizer"], values["learning_rate"], values["weight_decay"]
     if name == "sgd":
-        return it.optim.SGD(params, lr=lr, weight_decay=wd)
+        return it.optim.SGD, {"lr": lr, "weight_decay": wd}
     betas = (0.9, 0.95) if name == "adamw" else (0.9, 0.999)
-    return it.optim.AdamW(params, lr=lr, betas=betas, eps=1e-8, weight_decay=wd)
+    return it.optim.AdamW, {"lr": lr, "betas": betas, "eps": 1e-8, "weight_decay": wd}
+
+
+def make_optimizer(params, values):
+    cls, kwargs = optimizer_choice(values)
+    return cls(params, **kwargs)
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------------------
@@ -276,8 +332,25 @@ def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data, e
 
 
 def save_checkpoint(ckpt_dir, step, model, optimizer, loader, **kw):
+    """Saves into ckpt_dir (rank 0's; None on the other ranks of a run under the launcher, which only help
+    gather a sharded optimizer's state)."""
+    if isinstance(optimizer, it.distributed.ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+    if ckpt_dir is None:
+        return None
     tensors, meta = checkpoint_state(step, model, optimizer, loader, **kw)
     return ckpt_dir.save(step, tensors, meta)
+
+
+def stop_requested(stop, mp):
+    """Whether a signal asks to stop; under the launcher, whether any rank got one (the ranks must agree on
+    the step they stop at, or those going on would wait for the others forever)."""
+    if not mp:
+        return bool(stop.signum)
+    flag = it.from_numpy(np.array([stop.signum or 0], dtype=np.int64))
+    it.distributed.all_reduce(flag, "max")
+    stop.signum = int(flag.numpy()[0]) or None
+    return bool(stop.signum)
 
 
 def check_checkpoint(path, meta, *, model_name, run, run_defaults, data, allow_other_data, extend=False):
@@ -358,10 +431,10 @@ def checkpoint_candidates(path):
 
 def resume(candidates, ckpt_dir, models, optimizers, loader, *, where, extend=False, load_optimizer=True, **check):
     """Continues from the newest intact checkpoint of `candidates`; damaged ones in the run's own (locked)
-    directory are set aside with a warning, others skipped. Returns the step (0 when there is none)."""
+    directory are set aside with a warning, others skipped. Returns (the step, the checkpoint's path), or (0, None)."""
     if not candidates:
         print(f"no checkpoint in {where}; starting from scratch")
-        return 0
+        return 0, None
     for path in reversed(candidates):
         try:
             tensors, meta = read_checkpoint(path)
@@ -384,7 +457,7 @@ def resume(candidates, ckpt_dir, models, optimizers, loader, *, where, extend=Fa
             load_optimizer=load_optimizer,
         )
         print(f"resumed from {path} at step {start}")
-        return start
+        return start, path
     raise TrainError(f"no intact checkpoint in {where}: every one was damaged (see the warnings above)")
 
 
@@ -413,6 +486,58 @@ class Progress:
         tail = f" loss {loss:.4f}" if loss is not None else ""
         sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} eta {eta:.0f}s{tail}")
         sys.stderr.flush()
+
+
+class Launched:
+    """This process's place when infinitrain.run (or torchrun) started several: rank, local rank, world size."""
+
+    def __init__(self, rank, local_rank, world):
+        self.rank, self.local_rank, self.world = rank, local_rank, world
+
+
+def launched():
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return None
+        return Launched(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
+    except (KeyError, ValueError):
+        msg = "WORLD_SIZE > 1 needs integer RANK and LOCAL_RANK (start with python -m infinitrain.run)"
+        raise UsageError(msg) from None
+
+
+class NullMetrics:
+    """The metrics of a rank other than 0: nothing is written."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def write(self, record):
+        pass
+
+    def close(self):
+        pass
+
+
+class RankRows:
+    """This rank's rows (B of them, from `first`) of a loader's global batches; its state is the loader's."""
+
+    def __init__(self, loader, first, rows):
+        self.loader, self.first, self.rows = loader, first, rows
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x, y = next(self.loader)
+        r = slice(self.first, self.first + self.rows)
+        return x[r], y[r]
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state):
+        self.loader.load_state_dict(state)
 
 
 class Log:
@@ -455,20 +580,34 @@ def average_gradients(models, comms):
         for m, comm in zip(models, comms, strict=True):
             for p in m.parameters():
                 if p.grad is not None:
-                    it.distributed.all_reduce(comm, p.grad, "avg")
+                    it.distributed.comm.all_reduce(comm, p.grad, "avg")
 
 
 @it.no_grad()
 def evaluate(model, loader, device, batches, autocast=False):
-    """Mean loss over the first `batches` batches of `loader` (rewound first), on one device."""
+    """Mean loss over the first `batches` batches of `loader` (rewound first; a DataLoader, or a DeviceLoader
+    around one), on one device."""
     loader.load_state_dict({"epoch": 0, "position": 0})
     losses = []
-    for _ in range(min(batches, loader.batches_per_epoch)):
-        x, y = next(loader)
+    for _ in range(min(batches, getattr(loader, "loader", loader).batches_per_epoch)):
+        x, y = (on_device(a, device) for a in next(loader))
         with it.amp.autocast(device, dtype="bfloat16", enabled=autocast):
-            _, loss = model(it.from_numpy(x, device=device), it.from_numpy(y, device=device))
+            _, loss = model(x, y)
         losses.append(loss.item())
     return float(np.mean(losses))
+
+
+def on_device(batch, device):
+    """A batch array (from a DataLoader) as a tensor on `device`; a DeviceLoader's tensor is there already."""
+    return batch if isinstance(batch, it.Tensor) else it.from_numpy(batch, device=device)
+
+
+def device_loader(loader, devices):
+    """A single accelerator takes its batches through a DeviceLoader (pinned buffers, copied a batch ahead on a
+    side stream); the cpu, and several devices that each slice rows of the host batch, read the arrays."""
+    if loader is None or len(devices) != 1 or devices[0] == "cpu":
+        return loader
+    return DeviceLoader(loader, devices[0])
 
 
 def open_tokens(flag, path, batch_size, seq_len, **kw):
@@ -504,10 +643,36 @@ def check_unsupported(values):
     for name, neutral, what in UNSUPPORTED:
         if values[name] not in neutral:
             raise UsageError(f"--{name}={values[name]}: {what} is not implemented yet")
+    if values["activation_recompute"] and values["recompute_granularity"] == "none":
+        raise UsageError(
+            "--recompute_granularity=none means no recompute, but --activation_recompute asks for it: pass "
+            "--recompute_granularity=full (every block) or drop --activation_recompute"
+        )
     if values["recompute_num_layers"] > 1:
         raise UsageError(
             f"--recompute_num_layers={values['recompute_num_layers']}: recompute regions of several layers are not "
             "implemented yet (--activation_recompute recomputes each block)"
+        )
+
+
+def check_step_flags(values, profile_steps, prec_cfg, start, num_iteration):
+    """Refuses --profile_steps and --precision_check steps that this run (steps start+1..num_iteration) never
+    reaches: they would record nothing. A profile must begin within the run; a record needs one step in it."""
+    first = start + 1
+    span = f"steps {first}..{num_iteration}" if first <= num_iteration else "no steps"
+    why = f"this run trains {span} (--num_iteration={num_iteration}"
+    why += f", resumed at step {start})" if start else ")"
+    if profile_steps and not first <= min(profile_steps) <= num_iteration:
+        raise UsageError(
+            f"--profile_steps={values['profile_steps']}: {why}; the profile must start at a step in {first}.."
+            f"{num_iteration}, or nothing is recorded"
+        )
+    if prec_cfg and not any(first <= s <= num_iteration for s in prec_cfg["steps"]):
+        steps = prec_cfg["steps"]
+        text = f"{min(steps)}:{max(steps)}" if len(steps) > 1 else f"{min(steps)}"
+        raise UsageError(
+            f"--precision_check steps={text}: {why}; choose steps within {first}..{num_iteration}, or nothing "
+            "is recorded"
         )
 
 
@@ -537,14 +702,29 @@ def main(argv):
 
 def train_from_values(values, run_defaults, present=()):
     run_defaults = dict(run_defaults, n_devices=1)  # checkpoints from before --devices
-    for name in ("learning_rate", "weight_decay", "grad_clip", "lr_warmup_init", "min_lr", "lora_alpha"):
+    for name in (
+        "learning_rate", "weight_decay", "grad_clip", "lr_warmup_init", "min_lr", "lora_alpha", "router_aux_loss_coef"
+    ):  # fmt: skip
         check_finite(name, values[name])
     check_unsupported(values)
     if values["resume"] and not values["save"]:
         raise UsageError("--resume needs --checkpoint_dir (or --save)")
     if values["resume"] and values["load"]:
         raise UsageError("--resume and --load: pick one (--resume continues --save exactly; --load may extend)")
+    mp = launched()
+    if mp and (values["devices"] or values["nthread_per_process"] > 1):
+        raise UsageError(
+            "under infinitrain.run each process trains on one device (its LOCAL_RANK's); --devices and "
+            "--nthread_per_process choose several devices in one process"
+        )
+    if values["zero_stage"] and not mp:
+        raise UsageError("--zero_stage shards across processes: start the run with python -m infinitrain.run")
     names = values["devices"].split(",") if values["devices"] else [values["device"]]
+    if mp:
+        if not it.distributed.is_initialized():
+            it.distributed.init_process_group()
+        kind = it.runtime.parse_device(values["device"]).split(":")[0]
+        names = ["cpu" if kind == "cpu" else f"{kind}:{mp.local_rank % it.runtime.device_count(kind)}"]
     if values["nthread_per_process"] > 1:
         if values["devices"]:
             raise UsageError("--nthread_per_process and --devices both choose devices; pick one")
@@ -557,12 +737,14 @@ def train_from_values(values, run_defaults, present=()):
     if n > 1 and not it.distributed.has_ccl(devices[0]):
         raise UsageError(f"--devices: {devices[0]} has no collective library, so no data-parallel training")
     B, T = values["batch_size"], values["sequence_length"]
-    total = values["total_batch_size"] or B * T * n
-    if total % (B * T * n):
+    replicas = n * (mp.world if mp else 1)
+    total = values["total_batch_size"] or B * T * replicas
+    if total % (B * T * replicas):
+        what = "processes" if mp else "devices"
         raise UsageError(
-            f"--total_batch_size={total} must be a multiple of batch_size*sequence_length*devices={B * T * n}"
+            f"--total_batch_size={total} must be a multiple of batch_size*sequence_length*{what}={B * T * replicas}"
         )
-    accum = total // (B * T * n)
+    accum = total // (B * T * replicas)
     try:
         schedule = Schedule(
             values["learning_rate"],
@@ -581,10 +763,17 @@ def train_from_values(values, run_defaults, present=()):
         except ValueError as e:
             raise UsageError(str(e)) from None
     profile_steps = parse_range(values["profile_steps"], "--profile_steps") if values["profile_steps"] else None
+    if not (values["resume"] or values["load"]):  # a continued run is checked once its start step is known
+        check_step_flags(values, profile_steps, prec_cfg, 0, values["num_iteration"])
 
-    # Outputs first: a bad directory or file fails now, not after hours of training.
-    ckpt_dir = CheckpointDir(values["save"], values["max_checkpoint_keep"]) if values["save"] else None
+    # Outputs first: a bad directory or file fails now, not after hours of training. Under the launcher rank 0
+    # writes them (and prints); the other ranks train silently.
+    lead = not mp or mp.rank == 0
+    ckpt_dir = CheckpointDir(values["save"], values["max_checkpoint_keep"]) if values["save"] and lead else None
     log = metrics = None
+    quiet = None if lead else open(os.devnull, "w")  # noqa: SIM115 (closed below)
+    if quiet:
+        sys.stdout, quiet = quiet, sys.stdout
     try:
         for path in ckpt_dir.removed if ckpt_dir else ():
             print(f"removed {path} (left by an interrupted save)")
@@ -594,26 +783,32 @@ def train_from_values(values, run_defaults, present=()):
                 f"{ckpt_dir.checkpoints()[-1]}); this run replaces them (--resume continues it instead)",
                 file=sys.stderr,
             )
-        log = Log(values["log_file"])
+        log = Log(values["log_file"] if lead else None)
         if values["metrics_file"]:
             metrics_path = values["metrics_file"]
         else:
             run_dir = values["save"] or default_run_dir(values["model"])
             metrics_path = os.path.join(run_dir, METRICS_NAME)
-        metrics = MetricsLog(
-            metrics_path, "--metrics_file" if values["metrics_file"] else "the metrics file", values["tensorboard_dir"]
-        )
+        if lead:
+            flag = "--metrics_file" if values["metrics_file"] else "the metrics file"
+            metrics = MetricsLog(metrics_path, flag, values["tensorboard_dir"])
+        else:
+            metrics = NullMetrics(metrics_path)
         run_dir = os.path.dirname(metrics_path) or "."
         # Signals from here on stop the run cleanly (a checkpoint is saved once training has started).
         with StopRequest() as stop:
             return train(
                 values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, metrics, run_dir, stop,
-                prec_cfg=prec_cfg, profile_steps=profile_steps, present=present,
+                prec_cfg=prec_cfg if lead else None, profile_steps=profile_steps if lead else None, present=present,
+                mp=mp,
             )  # fmt: skip
     finally:
         for f in (log, metrics, ckpt_dir):
             if f is not None:
                 f.close()
+        if quiet:
+            sys.stdout.close()
+            sys.stdout = quiet
 
 
 def resolve_data(values):
@@ -646,13 +841,16 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
     B, T = values["batch_size"], values["sequence_length"]
     num_iteration = values["num_iteration"]
     train_path, val_path, tokenizer, kind = resolve_data(values)
+    mp = opts.get("mp")
+    world, rank = (mp.world, mp.rank) if mp else (1, 0)
 
     it.manual_seed(values["seed"])
-    # One loader feeds every device: each micro-batch has B rows per device.
-    loader = open_tokens("--input_bin", train_path, B * n, T, shuffle=True, seed=values["seed"])
+    # One loader feeds every replica: each micro-batch has B rows per device (and per process: every process
+    # reads the global batch and takes its rows, so the run sees the data one process on all of it would).
+    loader = open_tokens("--input_bin", train_path, B * n * world, T, shuffle=True, seed=values["seed"])
     val_loader = None
     if val_path and (values["val_loss_every"] or values["input_val_bin"]):  # an explicit file is checked even if unused
-        val_loader = open_tokens("--input_val_bin", val_path, B * n, T, shuffle=False)
+        val_loader = open_tokens("--input_val_bin", val_path, B * n * world, T, shuffle=False)
     vocab, vocab_from = values["vocab_size"], "--vocab_size"
     if vocab is None and tokenizer is not None:
         vocab = tokenizer.vocab_size
@@ -675,10 +873,11 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             token_kind=kind,
             init_from=values["init_from"],
             config_json=values["config_json"],
+            router_aux_loss_coef=values["router_aux_loss_coef"],
         )
     except model_registry.ModelChoiceError as e:
         raise UsageError(str(e)) from None
-    lora_cfg = lora_settings(values)
+    lora_cfg = lora_settings(values, spec.family.name, present)
     try:
         models, params = build_models(spec, devices, lambda m: apply_lora(m, spec.family.name, lora_cfg))
     except (ValueError, FileNotFoundError) as e:  # a pretrained folder or config the models refuse
@@ -697,6 +896,11 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             f"warning: no samples: the tokenizer's {tokenizer.vocab_size} tokens do not cover the model's {model_vocab}"
         )
         tokenizer = None
+    if mp:
+        loader = RankRows(loader, rank * B, B)
+        if rank != 0:
+            val_loader = tokenizer = None  # rank 0 evaluates (the whole global batch) and samples
+    loader, val_loader = device_loader(loader, devices), device_loader(val_loader, devices)
     if values["activation_recompute"]:
         if not spec.family.recompute_ok(model.config):
             raise UsageError(
@@ -705,9 +909,19 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             )
         for m in models:
             recompute.enable(m, spec.family.blocks(m))
-    optimizers = [make_optimizer(p, values) for p in params]
+    ddp = None
+    if mp:
+        # Experts that this rank's tokens never reached have no gradient: counted as zero.
+        ddp = it.distributed.DistributedDataParallel(model, find_unused_parameters=True)
+    if values["zero_stage"]:
+        cls, kwargs = optimizer_choice(values)
+        stage = values["zero_stage"]
+        zero = it.distributed.ZeroRedundancyOptimizer
+        optimizers = [zero(params[0], cls, stage=stage, ddp=ddp if stage == 2 else None, **kwargs)]
+    else:
+        optimizers = [make_optimizer(p, values) for p in params]
     comms = it.distributed.init_all(devices) if n > 1 else None
-    run = run_settings(values, n, config)
+    run = run_settings(values, n * world, config)
     data = token_file_identity(train_path)
     family = spec.family.name
     tok_name = values["tokenizer_bin"] or ("byte" if isinstance(tokenizer, ByteTokenizer) else "")
@@ -720,22 +934,38 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
     start = 0
     check = {"model_name": family, "run": run, "run_defaults": run_defaults, "data": data}
     check["allow_other_data"] = values["allow_other_data"]
-    if values["resume"]:
-        start = resume(ckpt_dir.checkpoints(), ckpt_dir, models, optimizers, loader, where=ckpt_dir.directory,
-                       load_optimizer=values["load_optimizer_state"], **check)  # fmt: skip
+    load_opt = values["load_optimizer_state"]
+    if (values["resume"] or values["load"]) and rank != 0:
+        # Rank 0 chooses the checkpoint (falling back past damaged ones); the others load the same file.
+        path = it.distributed.default_store().get("train/resume").decode()
+        if path:
+            tensors, meta = read_checkpoint(path)
+            start = apply_checkpoint(tensors, meta, models, optimizers, loader,
+                                     allow_other_data=values["allow_other_data"], load_optimizer=load_opt)  # fmt: skip
+    elif values["resume"]:
+        start, path = resume(ckpt_dir.checkpoints(), ckpt_dir, models, optimizers, loader, where=ckpt_dir.directory,
+                             load_optimizer=load_opt, **check)  # fmt: skip
     elif values["load"]:
         candidates = checkpoint_candidates(values["load"])
-        start = resume(candidates, ckpt_dir, models, optimizers, loader, where=values["load"], extend=True,
-                       load_optimizer=values["load_optimizer_state"], **check)  # fmt: skip
+        start, path = resume(candidates, ckpt_dir, models, optimizers, loader, where=values["load"], extend=True,
+                             load_optimizer=load_opt, **check)  # fmt: skip
+    if mp and rank == 0 and (values["resume"] or values["load"]):
+        it.distributed.default_store().set("train/resume", (path or "").encode())
+    if values["load"]:
         if start >= num_iteration:
             raise UsageError(
                 f"--load: the checkpoint is at step {start}; pass a --num_iteration above it to extend the run"
             )
+    check_step_flags(values, opts.get("profile_steps"), opts.get("prec_cfg"), start, num_iteration)
     where = f"devices {','.join(devices)}" if n > 1 else f"device {device}"
+    if mp:
+        zero = f", ZeRO-{values['zero_stage']}" if values["zero_stage"] else ""
+        where += f" (rank 0 of {world} processes{zero})"
     header = (
         f"model {values['model']} ({family}): {model.num_parameters() / 1e6:.2f}M parameters | {where} | "
         f"dtype {values['dtype']} | "
-        f"batch {B}x{T}{f' x {n} devices' if n > 1 else ''}, accumulation {accum} | {num_iteration} steps | "
+        f"batch {B}x{T}{f' x {n} devices' if n > 1 else ''}{f' x {world} processes' if mp else ''}, "
+        f"accumulation {accum} | {num_iteration} steps | "
         f"data {train_path}"
     )
     print(header)
@@ -786,7 +1016,7 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
 
     try:
         for step in range(start, num_iteration):
-            if stop.signum:
+            if stop_requested(stop, mp):
                 break
             if profile_steps and step + 1 == min(profile_steps):
                 prof = it.profiler.profile().__enter__()
@@ -794,7 +1024,7 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             with mark:
                 train_loss, norm, lr, ms = run_step(
                     step, values, schedule, models, params, optimizers, loader, devices, accum, autocast, comms,
-                    recorder, prof,
+                    recorder, prof, ddp,
                 )  # fmt: skip
             if prof is not None and step + 1 == max(profile_steps):
                 prof.__exit__(None, None, None)
@@ -833,7 +1063,7 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             metrics.write(record)
             progress.show(done, train_loss)
             every = values["save_interval"]
-            if ckpt_dir and (done == num_iteration or (every and done % every == 0)):
+            if values["save"] and (done == num_iteration or (every and done % every == 0)):
                 with pause():
                     save_checkpoint(ckpt_dir, done, model, optimizers[0], loader, **ckpt_args)
                 last_saved = done
@@ -856,16 +1086,16 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
     if stop.signum and done < num_iteration:
         name = signal.Signals(stop.signum).name
         metrics.write({"kind": "end", "status": "stopped", "step": done, "signal": name})
-        if ckpt_dir and last_saved != done and done > 0:
+        if values["save"] and last_saved != done and done > 0:
             path = save_checkpoint(ckpt_dir, done, model, optimizers[0], loader, **ckpt_args)
             print(f"{name}: stopped at step {done}; saved {path} (continue with --resume)", flush=True)
-        elif ckpt_dir and last_saved is not None:
+        elif values["save"] and last_saved is not None:
             print(f"{name}: stopped at step {done}; the checkpoint of step {last_saved} is current", flush=True)
         else:
             print(f"{name}: stopped at step {done}; nothing saved (no --checkpoint_dir)", flush=True)
         raise Stopped(stop.signum)
     metrics.write({"kind": "end", "status": "completed", "step": done})
-    if values["lora_save_path"]:
+    if values["lora_save_path"] and rank == 0:
         lora.save_adapters(model, values["lora_save_path"])
         print(f"saved the LoRA adapters to {values['lora_save_path']}")
     if recorder is not None and opts["prec_cfg"]["baseline"]:
@@ -882,8 +1112,11 @@ class _nullcontext:
         return False
 
 
-def run_step(step, values, schedule, models, params, optimizers, loader, devices, accum, autocast, comms, rec, prof):
-    """One optimizer step on every replica; returns (train loss, gradient norm, lr, ms)."""
+def run_step(
+    step, values, schedule, models, params, optimizers, loader, devices, accum, autocast, comms, rec, prof, ddp=None
+):
+    """One optimizer step on every replica (ddp: this process's replica of a run under the launcher); returns
+    (train loss, gradient norm, lr, ms)."""
     n, B = len(devices), values["batch_size"]
     t0 = time.time()
     lr = schedule(step)
@@ -898,17 +1131,22 @@ def run_step(step, values, schedule, models, params, optimizers, loader, devices
     phase = rec.phase if rec is not None else (lambda name: _nullcontext())
     loss_sums = [None] * n
     with recording:
-        for _ in range(accum):
+        for k in range(accum):
             x, y = next(loader)
             for r, (d, m) in enumerate(zip(devices, models, strict=True)):
-                xr = it.from_numpy(x[r * B : (r + 1) * B], device=d)
-                yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
-                with mark("forward"), phase("forward"):
-                    with it.amp.autocast(d, dtype="bfloat16", enabled=autocast):
-                        _, loss = m(xr, yr)
-                    loss = loss * (1.0 / accum)
-                with mark("backward"), phase("backward"):
-                    loss.backward()
+                sync = ddp.no_sync() if ddp is not None and k < accum - 1 else _nullcontext()
+                if n == 1:
+                    xr, yr = on_device(x, d), on_device(y, d)
+                else:
+                    xr = it.from_numpy(x[r * B : (r + 1) * B], device=d)
+                    yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
+                with sync:
+                    with mark("forward"), phase("forward"):
+                        with it.amp.autocast(d, dtype="bfloat16", enabled=autocast):
+                            _, loss = m(xr, yr)
+                        loss = loss * (1.0 / accum)
+                    with mark("backward"), phase("backward"):
+                        loss.backward()  # under the launcher, DDP averages the gradients across the processes
                 loss_sums[r] = loss.detach() if loss_sums[r] is None else loss_sums[r] + loss.detach()
         with mark("optimizer"), phase("optimizer"):
             if n > 1:
@@ -917,11 +1155,17 @@ def run_step(step, values, schedule, models, params, optimizers, loader, devices
                 average_gradients(models, comms)
             if rec is not None:
                 rec.record_tensors("grad", models[0].named_parameters(), grads=True)
-            norms = [it.optim.clip_grad_norm_(p, values["grad_clip"] or None) for p in params]
+            clip = values["grad_clip"] or None
+            if isinstance(optimizers[0], it.distributed.ZeroRedundancyOptimizer):
+                norms = [optimizers[0].clip_grad_norm_(clip)]
+            else:
+                norms = [it.optim.clip_grad_norm_(p, clip) for p in params]
             for opt in optimizers:
                 opt.step()
             if rec is not None:
                 rec.record_tensors("param", models[0].named_parameters())
+        if ddp is not None:
+            it.distributed.all_reduce(loss_sums[0], "avg")  # the loss of the global batch
         train_loss = sum(ls.item() for ls in loss_sums) / n  # the step's host synchronisation
     norm = norms[0].item() if norms[0] is not None else 0.0
     return train_loss, norm, lr, (time.time() - t0) * 1000

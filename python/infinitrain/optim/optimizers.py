@@ -351,17 +351,29 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
-    sq = [Tensor(dispatch.call("sum_squares", [g])[0]) for g in grads]
+    sq = squared_norms(grads)
     total = sq[0]
     for s in sq[1:]:
         total = total + s
     norm = F.sqrt(total)
     if error_if_nonfinite and not np.isfinite(norm.item()):
         raise RuntimeError(f"clip_grad_norm_: the total gradient norm is {norm.item()}")
-    if max_norm is not None and math.isfinite(max_norm):
-        # coef = min(max_norm / (norm + 1e-6), 1), computed on the device.
+    scale_to_norm(grads, norm, max_norm)
+    return norm
+
+
+def squared_norms(grads):
+    """Each gradient's sum of squares (0-d, accumulated in float64; float32, or float64 for float64)."""
+    return [Tensor(dispatch.call("sum_squares", [g])[0]) for g in grads]
+
+
+def scale_to_norm(grads, norm, max_norm):
+    """Scales grads in place by min(max_norm / (norm + 1e-6), 1), computed on the device (norm: 0-d)."""
+    if max_norm is None:
+        return
+    _hyper("max_norm", max_norm, 0.0, math.inf)  # inf: no clipping; NaN is an error, not "no clipping"
+    if math.isfinite(max_norm):
         coef = F.clamp(F.pow(F.affine(norm, 1.0, 1e-6), -1.0) * float(max_norm), None, 1.0)
         for g in grads:
             scaled = g * (coef if coef.dtype == g.dtype else coef.to(g.dtype))
             g._t = scaled._t
-    return norm

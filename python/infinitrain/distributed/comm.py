@@ -1,10 +1,11 @@
-"""Collectives across devices, on the device type's collective library (CCL).
+"""Communicators: collectives on the device type's collective library (CCL), rank by rank.
 
-Two ways to make communicators:
+This is the layer under process groups (infinitrain.distributed): a communicator is one rank's member of one
+group on one device. Two ways to make them:
 
-    comms = distributed.init_all(["sim:0", "sim:1"])     # one process, many devices
-    uid = distributed.unique_id("sim")                    # one device per rank:
-    comm = distributed.init_rank(uid, nranks, rank, dev)  # every rank passes the same uid
+    comms = comm.init_all(["sim:0", "sim:1"])     # one process, many devices
+    uid = comm.unique_id("sim")                    # one device per rank:
+    c = comm.init_rank(uid, nranks, rank, dev)     # every rank passes the same uid
 
 A collective is enqueued on the calling thread's current stream of the
 communicator's device (see `runtime.stream`) and completes asynchronously;

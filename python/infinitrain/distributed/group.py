@@ -1,0 +1,322 @@
+"""Process groups: one process per rank, meeting through a TCP store (PyTorch's torch.distributed shape).
+
+    it.distributed.init_process_group()          # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment
+    it.distributed.all_reduce(t)                 # t on cpu: Gloo; on a device: the provider's CCL
+    pg = it.distributed.new_group([0, 2])        # every rank calls it, members get a group
+
+A group makes its communicators on first use, one per device type: the cpu's on Gloo, a device's on the
+provider's CCL (its unique id handed round through the store), or, for a provider whose CCL cannot span
+processes (sim's), staged through host memory and the group's cpu communicator. Every rank must issue the same
+collectives in the same order, as with PyTorch.
+"""
+
+import atexit
+import datetime
+import os
+import socket
+import threading
+
+from infinitrain import _C
+from infinitrain.distributed import comm as _comm
+
+_DEFAULT_TIMEOUT = 300.0
+
+
+class ProcessGroup:
+    """A set of ranks (global ranks, in group-rank order) and this process's communicators in it."""
+
+    def __init__(self, name, ranks, global_rank, store):
+        self.name = name
+        self.ranks = list(ranks)
+        self.rank = self.ranks.index(global_rank)
+        self.size = len(self.ranks)
+        self._store = store
+        self._comms = {}
+        self._lock = threading.Lock()
+        self._worker = None  # runs the cpu collectives of async_op calls in issue order
+        self._barriers = 0
+
+    def __repr__(self):
+        return f"ProcessGroup({self.name}, rank {self.rank} of {self.size}, global ranks {self.ranks})"
+
+    def group_rank(self, global_rank, what):
+        if global_rank not in self.ranks:
+            raise ValueError(f"{what}: rank {global_rank} is not in {self}")
+        return self.ranks.index(global_rank)
+
+    def communicator(self, device):
+        """This rank's communicator for `device` (made on first use: every rank must get there too)."""
+        device = _C.parse_device(device)
+        kind = device.split(":")[0]
+        with self._lock:
+            c = self._comms.get(kind)
+            if c is None:
+                c = self._comms[kind] = self._make(kind, device)
+        if c.device != device:
+            raise ValueError(
+                f"{self}: this rank's {kind} communicator is on {c.device}; a group spans one device per rank "
+                f"and type, got a tensor on {device}"
+            )
+        return c
+
+    def _make(self, kind, device):
+        if kind != "cpu" and not _C.ccl_spans_processes(kind):
+            return _C.ccl_staged(self._make_cpu(), device)
+        key = f"{self.name}/uid/{kind}"
+        if self.rank == 0:
+            self._store.set(key, _comm.unique_id(kind))
+        uid = self._store.get(key)
+        return _comm.init_rank(uid, self.size, self.rank, device)
+
+    def _make_cpu(self):
+        c = self._comms.get("cpu")
+        if c is None:
+            c = self._comms["cpu"] = self._make("cpu", "cpu")
+        return c
+
+    def run(self, fn, async_op, device):
+        """Calls fn(), a collective on `device`; returns a Work. A cpu collective blocks in Gloo, so with async_op
+        it runs on the group's worker thread, in issue order, and later cpu calls queue behind it. A device
+        collective is ordered on the caller's current stream already; it is called here, after the queued cpu
+        ones (a staged device communicator runs on the group's cpu communicator)."""
+        if device.startswith("cpu") and (async_op or self._worker is not None):
+            if self._worker is None:
+                self._worker = _Worker(self.name)
+            pending = self._worker.submit(fn)
+            if async_op:
+                return Work(pending)
+            pending.wait()
+            return Work(None)
+        if self._worker is not None:
+            self._worker.submit(lambda: None).wait()
+        fn()
+        return Work(None)
+
+
+class Work:
+    """What an async_op collective returns: wait() blocks until it finished (and raises its error)."""
+
+    def __init__(self, pending):
+        self._pending = pending
+
+    def wait(self, timeout=None):
+        if self._pending is not None:
+            self._pending.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return self._pending is None or self._pending.done()
+
+
+class _Pending:
+    def __init__(self):
+        self._event = threading.Event()
+        self._error = None
+
+    def done(self):
+        return self._event.is_set()
+
+    def finish(self, error):
+        self._error = error
+        self._event.set()
+
+    def wait(self, timeout=None):
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"a collective did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+
+class _Worker:
+    """One thread per group running its cpu collectives in the order they were issued."""
+
+    def __init__(self, name):
+        self._jobs = []
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name=f"infinitrain-{name}-collectives", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn):
+        p = _Pending()
+        with self._cv:
+            self._jobs.append((fn, p))
+            self._cv.notify()
+        return p
+
+    def _loop(self):
+        while True:
+            with self._cv:
+                while not self._jobs:
+                    self._cv.wait()
+                fn, p = self._jobs.pop(0)
+            try:
+                fn()
+                p.finish(None)
+            except BaseException as e:  # handed to whoever waits; the thread must not die
+                p.finish(e)
+
+
+class _NonMember:
+    """new_group's answer on ranks outside the group (PyTorch's GroupMember.NON_GROUP_MEMBER)."""
+
+    def __repr__(self):
+        return "NON_GROUP_MEMBER"
+
+
+NON_GROUP_MEMBER = _NonMember()
+
+_state = {"world": None, "store": None, "groups": 0}
+
+
+def _env_int(name, default=None):
+    v = os.environ.get(name)
+    if v is None:
+        if default is None:
+            raise ValueError(f"init_process_group: {name} is not set (infinitrain.run sets it, or pass it)")
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"init_process_group: {name} must be an integer, got {v!r}") from None
+
+
+def _seconds(timeout):
+    if timeout is None:
+        return float(os.environ.get("INFINITRAIN_DIST_TIMEOUT_S", _DEFAULT_TIMEOUT))
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def init_process_group(backend=None, init_method=None, world_size=-1, rank=-1, timeout=None, store=None):
+    """Joins the default group: every rank of WORLD_SIZE, meeting at the store on MASTER_ADDR:MASTER_PORT
+    (infinitrain.run serves it; otherwise rank 0 does). init_method "env://" (default) or "tcp://host:port".
+    backend is accepted for PyTorch's sake: None, "gloo", or the registered provider's CCL; the device of each
+    tensor chooses. Waits for every rank, up to timeout (seconds or a timedelta; default 300, or
+    INFINITRAIN_DIST_TIMEOUT_S), then raises TimeoutError naming the ranks that did not come."""
+    if _state["world"] is not None:
+        raise RuntimeError("init_process_group: already initialised (destroy_process_group() first)")
+    if backend not in (None, "gloo", "nccl", "mccl", "cuda", "maca", "sim", "cpu"):
+        raise ValueError(f"init_process_group: unknown backend {backend!r}: expected None, 'gloo' or a provider's CCL")
+    rank = _env_int("RANK") if rank < 0 else int(rank)
+    world_size = _env_int("WORLD_SIZE") if world_size < 0 else int(world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"init_process_group: need 0 <= rank < world_size, got rank {rank} of {world_size}")
+    seconds = _seconds(timeout)
+    serve_here = False
+    if store is None:
+        host, port = _address(init_method)
+        serve_here = rank == 0 and os.environ.get("INFINITRAIN_STORE_SERVED") != "1"
+        store = _C.TcpStore("0.0.0.0" if serve_here else host, port, serve_here, seconds)
+    _load_gloo()
+    _C.set_rendezvous_store(store.host if store.host not in ("0.0.0.0", "") else "127.0.0.1", store.port)
+    store.set(f"rdzv/{rank}", socket.gethostname().encode())
+    keys = [f"rdzv/{r}" for r in range(world_size)]
+    try:
+        # A rank serving the store waits a little longer, so the others can still ask it who is missing.
+        store.wait(keys, seconds + (min(seconds, 5.0) if serve_here else 0.0))
+    except TimeoutError:
+        try:
+            missing = [str(r) for r in range(world_size) if not store.check([keys[r]])]
+            who = f"rank(s) {', '.join(missing)} of {world_size} did not join"
+        except (RuntimeError, OSError):
+            who = "the store went away before the missing ranks could be listed"
+        raise TimeoutError(
+            f"init_process_group: rank {rank} waited {seconds:g} s at the store {store.host}:{store.port}; {who}"
+        ) from None
+    _state.update(world=ProcessGroup("world", range(world_size), rank, store), store=store, groups=0)
+
+
+def _address(init_method):
+    if init_method in (None, "env://"):
+        host = os.environ.get("MASTER_ADDR")
+        if host is None:
+            raise ValueError("init_process_group: MASTER_ADDR is not set (infinitrain.run sets it) and no init_method")
+        return host, _env_int("MASTER_PORT")
+    if init_method.startswith("tcp://"):
+        host, _, port = init_method[len("tcp://") :].rpartition(":")
+        if host and port.isdigit():
+            return host, int(port)
+    raise ValueError(f"init_process_group: init_method must be 'env://' or 'tcp://host:port', got {init_method!r}")
+
+
+def _load_gloo():
+    try:
+        from infinitrain import _gloo  # registers the cpu's CCL
+    except ImportError as e:
+        raise ImportError(
+            f"infinitrain's Gloo module failed to load ({e}): install Gloo's library (Debian: libgloo0)"
+        ) from e
+    if not _state.get("flush_at_exit"):
+        # A send completes when its receiver takes it: a rank that sends last must not exit before that.
+        atexit.register(_gloo.flush_sends)
+        _state["flush_at_exit"] = True
+
+
+def is_initialized():
+    return _state["world"] is not None
+
+
+def destroy_process_group(group=None):
+    """Leaves the default group (every group made from it goes too)."""
+    if group is None or group is _state["world"]:
+        _state.update(world=None, store=None)
+
+
+def _world(what):
+    if _state["world"] is None:
+        raise RuntimeError(f"{what}: call infinitrain.distributed.init_process_group() first")
+    return _state["world"]
+
+
+def default_group():
+    return _world("default_group")
+
+
+def default_store():
+    """The default group's rendezvous store (a TcpStore: set, get, add, wait, check, delete_key)."""
+    _world("default_store")
+    return _state["store"]
+
+
+def get_rank(group=None):
+    """This process's rank in group (the default group's: the global rank); -1 outside the group."""
+    if group is NON_GROUP_MEMBER:
+        return -1
+    return (group or _world("get_rank")).rank
+
+
+def get_world_size(group=None):
+    if group is NON_GROUP_MEMBER:
+        return -1
+    return (group or _world("get_world_size")).size
+
+
+def new_group(ranks=None, timeout=None):
+    """A group of these global ranks (all of them by default). Every rank of the default group must call it,
+    in the same order; ranks outside get NON_GROUP_MEMBER."""
+    world = _world("new_group")
+    ranks = list(range(world.size)) if ranks is None else [int(r) for r in ranks]
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world.size for r in ranks):
+        raise ValueError(f"new_group: ranks must be distinct global ranks in [0, {world.size}), got {ranks}")
+    _state["groups"] += 1
+    name = f"g{_state['groups']}"
+    me = world.ranks[world.rank]
+    if me not in ranks:
+        return NON_GROUP_MEMBER
+    return ProcessGroup(name, ranks, me, _state["store"])
+
+
+def barrier(group=None):
+    """Returns once every rank of group got here (through the store, so no device work is involved)."""
+    g = group or _world("barrier")
+    if g is NON_GROUP_MEMBER:
+        return
+    store = _state["store"]
+    key = f"{g.name}/barrier/{g._barriers}"
+    g._barriers += 1
+    if store.add(key, 1) == g.size:
+        store.set(key + "/done", b"1")
+    store.wait([key + "/done"])

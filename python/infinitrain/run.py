@@ -1,0 +1,195 @@
+"""The launcher: `python -m infinitrain.run [flags] script.py [args]`, torchrun-shaped.
+
+Starts --nproc_per_node workers on this node, each with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR and MASTER_PORT set, for infinitrain.distributed.init_process_group(). The launcher of
+node 0 serves the rendezvous store on MASTER_ADDR:MASTER_PORT; every launcher is a client of it too, so that a
+failure on one node stops the others. When a worker fails, the launcher stops the rest (SIGTERM, then SIGKILL
+after --stop_timeout seconds), prints the failing rank's last lines and exits with its exit code. SIGINT and
+SIGTERM are passed on to the workers (a second SIGINT kills them). Unless OMP_NUM_THREADS is set, each worker
+gets OMP_NUM_THREADS=1 when there are several per node (as torchrun does): set it to give them more.
+"""
+
+import argparse
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TAIL = 20
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m infinitrain.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=1, help="workers on this node")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes")
+    p.add_argument("--node_rank", "--node-rank", type=int, default=0, help="this node's rank in [0, nnodes)")
+    p.add_argument("--master_addr", "--master-addr", default="127.0.0.1", help="address of node 0")
+    p.add_argument(
+        "--master_port", "--master-port", type=int, default=29500, help="port of the store on node 0 (0: a free one)"
+    )
+    p.add_argument("--rdzv_endpoint", "--rdzv-endpoint", default=None, help="host:port, instead of the two above")
+    p.add_argument(
+        "--rdzv_timeout", type=float, default=300.0, help="seconds to wait for every rank (and for each collective)"
+    )
+    p.add_argument("--stop_timeout", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("-m", "--module", action="store_true", help="run the script argument as a module (python -m)")
+    p.add_argument("script", help="the training script (or module with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    a = p.parse_args(argv)
+    if a.nproc_per_node < 1 or a.nnodes < 1:
+        p.error(f"--nproc_per_node and --nnodes must be >= 1, got {a.nproc_per_node} and {a.nnodes}")
+    if not 0 <= a.node_rank < a.nnodes:
+        p.error(f"--node_rank must be in [0, {a.nnodes}), got {a.node_rank}")
+    if a.rdzv_endpoint:
+        host, _, port = a.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            p.error(f"--rdzv_endpoint must be host:port, got {a.rdzv_endpoint!r}")
+        a.master_addr, a.master_port = host, int(port)
+    if not 0 <= a.master_port < 65536 or (a.master_port == 0 and a.nnodes > 1):
+        p.error(f"--master_port must be in [1, 65535] (0, a free port, only with one node), got {a.master_port}")
+    if not a.rdzv_timeout > 0:
+        p.error("--rdzv_timeout must be positive")
+    return a
+
+
+class Worker:
+    def __init__(self, rank, local_rank, cmd, env):
+        self.rank, self.local_rank = rank, local_rank
+        self.tail = collections.deque(maxlen=TAIL)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+        self.exited_at = None  # when it exited: the first failure is reported, not the others it brought down
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _wait(self):
+        self.proc.wait()
+        self.exited_at = time.monotonic()
+
+    def _pump(self):
+        """Passes the worker's output through line by line, keeping the last lines for a failure report."""
+        out = sys.stdout.buffer
+        for line in iter(self.proc.stdout.readline, b""):
+            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+            out.write(line)
+            out.flush()
+
+    def signal(self, sig):
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+def _exit_code(rc):
+    return 128 - rc if rc < 0 else rc  # killed by signal s: 128 + s, as a shell reports it
+
+
+def main(argv=None):
+    a = parse(sys.argv[1:] if argv is None else argv)
+    from infinitrain import _C  # after parsing: --help needs no native core
+
+    world = a.nnodes * a.nproc_per_node
+    try:
+        store = _C.TcpStore(
+            "0.0.0.0" if a.node_rank == 0 else a.master_addr, a.master_port, a.node_rank == 0, a.rdzv_timeout
+        )
+    except (OSError, RuntimeError, TimeoutError) as e:
+        sys.stderr.write(f"infinitrain.run: cannot reach or serve the store at {a.master_addr}:{a.master_port}: {e}\n")
+        return 1
+    port = store.port  # the one chosen, for --master_port=0
+    base = dict(os.environ)
+    base.update(
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(a.nproc_per_node),
+        GROUP_RANK=str(a.node_rank),
+        MASTER_ADDR=a.master_addr,
+        MASTER_PORT=str(port),
+        INFINITRAIN_STORE_SERVED="1",
+        INFINITRAIN_DIST_TIMEOUT_S=str(a.rdzv_timeout),
+        PYTHONUNBUFFERED="1",
+    )
+    if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        base["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, *(["-m"] if a.module else []), a.script, *a.args]
+    workers = []
+    for local in range(a.nproc_per_node):
+        rank = a.node_rank * a.nproc_per_node + local
+        env = dict(base, RANK=str(rank), LOCAL_RANK=str(local))
+        workers.append(Worker(rank, local, cmd, env))
+
+    received = []
+
+    def forward(sig, _frame):
+        received.append(sig)
+        for w in workers:
+            w.signal(signal.SIGKILL if sig == signal.SIGINT and received.count(signal.SIGINT) > 1 else sig)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _watch(a, workers, store, received)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _stop(workers, timeout):
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    deadline = time.time() + timeout
+    for w in workers:
+        try:
+            w.proc.wait(max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            w.signal(signal.SIGKILL)
+            w.proc.wait()
+    for w in workers:
+        w.reader.join(timeout=5)
+
+
+def _watch(a, workers, store, received):
+    failed_key = "launcher/failed"
+    while True:
+        codes = [w.proc.returncode if w.exited_at is not None else None for w in workers]
+        bad = [w for w, c in zip(workers, codes, strict=True) if c not in (None, 0)]
+        if bad and not received:
+            time.sleep(0.2)  # let the exit times of workers that went down with it be recorded too
+            bad = [w for w in workers if w.exited_at is not None and w.proc.returncode != 0]
+            w = min(bad, key=lambda w: w.exited_at)
+            code = _exit_code(w.proc.returncode)
+            try:
+                store.set(failed_key, f"rank {w.rank} (node {a.node_rank}) exited with code {code}".encode())
+            except (RuntimeError, TimeoutError):
+                pass  # the store's node is gone too
+            _stop(workers, a.stop_timeout)
+            report = "\n".join(f"  {line}" for line in w.tail) or "  (no output)"
+            sys.stderr.write(
+                f"infinitrain.run: rank {w.rank} (local rank {w.local_rank}, pid {w.proc.pid}) exited with code "
+                f"{code}; stopped the other workers. Its last lines:\n{report}\n"
+            )
+            return code
+        if all(c is not None for c in codes):
+            for w in workers:
+                w.reader.join(timeout=5)
+            if received:
+                return 128 + int(received[0])
+            return 0
+        if a.nnodes > 1 and not received:
+            try:
+                elsewhere = store.check([failed_key])
+            except (RuntimeError, TimeoutError):
+                elsewhere = False
+            if elsewhere:
+                why = store.get(failed_key).decode()
+                _stop(workers, a.stop_timeout)
+                sys.stderr.write(f"infinitrain.run: {why}; stopped this node's workers\n")
+                return 1
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
