@@ -66,8 +66,9 @@ def test_loss_falls_in_20_steps(kind, dtype):
     _, losses = train(kind, 20, batch(), dtype=dtype)
     # Small init: near-uniform predictions (Mixtral's loss adds 0.02 x its balancing loss, about k = 2).
     assert losses[0] == pytest.approx(np.log(V) + (0.04 if kind == "mixtral" else 0.0), abs=0.3)
-    # LoRA moves a random base slowly (frozen tied embeddings): a 10% drop shows it trains.
-    assert losses[-1] < (0.5 if kind != "qwen3_lora" else 0.9) * losses[0], losses
+    # LoRA moves a random base slowly (frozen tied embeddings): 20 steps end at 0.83-0.90 of the first loss (24
+    # runs, float32 and bfloat16, fresh phrases); adapters that did not train would stay at 1.
+    assert losses[-1] < (0.5 if kind != "qwen3_lora" else 0.95) * losses[0], losses
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="compares the device under test with the cpu")
