@@ -3,8 +3,9 @@
 // Wire format, both ways little-endian. A request: command byte, u32 argument count, then each argument as
 // u32 length + bytes. A reply: status byte (0), u32 length + bytes. Commands: S set(key, value); G get(key),
 // answered once the key exists; A add(key, delta as decimal) -> the new value; C check(keys...) -> "1"/"0";
-// W wait(keys...), answered once all exist; D delete(key) -> "1"/"0". A client sends one request at a time;
-// a parked get or wait is dropped when its client disconnects.
+// W wait(keys...), answered once all exist; D delete(key) -> "1"/"0". A bad request is answered with status 1
+// and the reason. A client sends one request at a time; a parked get or wait is dropped when its client
+// disconnects.
 #include "infinitrain/store.h"
 
 #include <arpa/inet.h>
@@ -40,17 +41,19 @@ uint32_t GetU32(const char* p) {
     return v;
 }
 
-std::string Reply(const std::string& body) {
-    std::string r(1, '\0');
+std::string Reply(const std::string& body, char status = '\0') {
+    std::string r(1, status);
     PutU32(r, static_cast<uint32_t>(body.size()));
     return r + body;
 }
+
+constexpr uint32_t kMaxArgs = 1u << 20;  // keys a wait may name: a rendezvous names every rank
 
 // Parses one request at the front of buf; false while incomplete. Throws on a malformed one.
 bool ParseRequest(const std::string& buf, size_t* used, char* cmd, std::vector<std::string>* args) {
     if (buf.size() < 5) return false;
     uint32_t n = GetU32(buf.data() + 1);
-    if (n > 1024) throw std::runtime_error("store: request with " + std::to_string(n) + " arguments");
+    if (n > kMaxArgs) throw std::runtime_error("store: request with " + std::to_string(n) + " arguments");
     size_t pos = 5;
     args->clear();
     for (uint32_t i = 0; i < n; ++i) {
@@ -218,7 +221,12 @@ private:
         std::vector<std::string> args;
         while (!c.parked && ParseRequest(c.in, &used, &cmd, &args)) {
             c.in.erase(0, used);
-            Handle(c, cmd, args);
+            try {
+                Handle(c, cmd, args);
+            } catch (const std::exception& e) {  // a bad request gets an error reply; the client stays
+                c.parked = false;
+                c.out += Reply(e.what(), '\1');
+            }
         }
     }
 
@@ -241,7 +249,20 @@ private:
                 need(2);
                 int64_t v = std::stoll(args[1]);
                 auto it = data_.find(args[0]);
-                if (it != data_.end()) v += std::stoll(it->second);
+                if (it != data_.end()) {
+                    size_t end = 0;
+                    int64_t old = 0;
+                    try {
+                        old = std::stoll(it->second, &end);
+                    } catch (const std::exception&) {
+                        end = 0;
+                    }
+                    if (end == 0 || end != it->second.size()) {
+                        throw std::invalid_argument("store: add to key '" + args[0] +
+                                                    "', whose value is not an integer");
+                    }
+                    v += old;
+                }
                 data_[args[0]] = std::to_string(v);
                 c.out += Reply(std::to_string(v));
                 Unpark();
@@ -353,14 +374,19 @@ std::string TcpStore::Call(char cmd, const std::vector<std::string>& args, std::
         if (n <= 0) throw lost(Errno("send"));
         sent += static_cast<size_t>(n);
     }
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto deadline = std::chrono::steady_clock::now() + std::min(timeout, std::chrono::milliseconds(int64_t{1} << 40));
     std::string buf;
     for (;;) {
-        if (buf.size() >= 5 && buf.size() >= 5 + GetU32(buf.data() + 1)) return buf.substr(5, GetU32(buf.data() + 1));
+        if (buf.size() >= 5 && buf.size() >= 5 + GetU32(buf.data() + 1)) {
+            std::string body = buf.substr(5, GetU32(buf.data() + 1));
+            if (buf[0] != '\0') throw std::invalid_argument(body);
+            return body;
+        }
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         pollfd p{fd_, POLLIN, 0};
-        int rc = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+        int rc = poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30)));
         if (rc < 0 && errno == EINTR) continue;
+        if (rc == 0 && std::chrono::steady_clock::now() < deadline) continue;  // a long wait, in pieces
         if (rc == 0) {
             close(fd_);  // the server drops the parked request with the connection
             fd_ = -1;

@@ -287,3 +287,85 @@ def test_consolidation_outlives_the_senders_exit(tmp_path):
     cmd = [sys.executable, "-m", "infinitrain.run", "--nproc_per_node=3", "--master_port=0", str(script)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "consolidated 24" in p.stdout, p.stdout + p.stderr
+
+
+EDGES = """
+import os
+import numpy as np
+import infinitrain as it
+import infinitrain.distributed as dist
+from infinitrain.tools import recompute
+
+dist.init_process_group()
+R, W = dist.get_rank(), dist.get_world_size()
+KIND = os.environ["TEST_DEVICE"]
+DEV = "cpu" if KIND == "cpu" else f"{KIND}:0"
+
+
+def net():
+    it.manual_seed(1)
+    return it.nn.Sequential(*[it.nn.Linear(8, 8, device=DEV) for _ in range(3)])
+
+
+def data(r):
+    g = np.random.default_rng(100 + r)
+    return it.from_numpy(g.standard_normal((4, 8)).astype(np.float32), device=DEV)
+
+
+# Single-process reference: the mean of every rank's gradient.
+ref = net()
+for r in range(W):
+    (ref(data(r)).square().mean() * (1.0 / W)).backward()
+want = {n: p.grad.numpy() for n, p in ref.named_parameters()}
+
+# 1. Activation recompute (a backward inside backward) under DDP: reduced once, at the outer backward's end.
+model = net()
+ddp = dist.DistributedDataParallel(model, bucket_cap_mb=1e-4)
+recompute.enable(model, list(model))
+ddp(data(R)).square().mean().backward()
+for n, p in model.named_parameters():
+    np.testing.assert_allclose(p.grad.numpy(), want[n], rtol=1e-5, atol=1e-7, err_msg="recompute " + n)
+
+# 2. A backward that failed half-way does not leave DDP waiting for a reduction that never comes.
+model = net()
+ddp = dist.DistributedDataParallel(model, bucket_cap_mb=1e-4)
+def boom(g):
+    raise RuntimeError("boom")
+out = ddp(data(R))
+h = out.square().mean()
+list(model)[0].weight.register_hook(boom)
+try:
+    h.backward()
+except RuntimeError as e:
+    assert "boom" in str(e)
+list(model)[0].weight._hooks = None
+model.zero_grad()
+ddp(data(R)).square().mean().backward()
+for n, p in model.named_parameters():
+    np.testing.assert_allclose(p.grad.numpy(), want[n], rtol=1e-5, atol=1e-7, err_msg="after failure " + n)
+
+# 3. ZeRO-2: a second synchronized backward before step() would mix reduced and local sums: refused.
+model = net()
+ddp = dist.DistributedDataParallel(model)
+opt = dist.ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, lr=1e-3, stage=2, ddp=ddp)
+ddp(data(R)).square().mean().backward()
+try:
+    ddp(data(R)).square().mean().backward()
+except RuntimeError as e:
+    assert "call the optimizer's step() first" in str(e), e
+else:
+    raise AssertionError("no error")
+opt.step()
+opt.zero_grad()
+ddp(data(R)).square().mean().backward()  # fine after step()
+print(f"rank {R}: edges ok", flush=True)
+"""
+
+
+def test_ddp_edges_recompute_failed_backward_zero2_double_backward(tmp_path):
+    script = tmp_path / "edges.py"
+    script.write_text(EDGES)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TEST_DEVICE=TYPE)
+    cmd = [sys.executable, "-m", "infinitrain.run", "--nproc_per_node=2", "--master_port=0", str(script)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.count("edges ok") == 2, p.stdout + p.stderr

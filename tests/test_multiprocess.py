@@ -136,6 +136,7 @@ for call, msg in [
     (lambda: dist.broadcast(on(xs[RANK], "float32"), WORLD), "not in ProcessGroup"),
     (lambda: dist.all_reduce(np.zeros(3)), "expected an infinitrain Tensor"),
     (lambda: dist.all_gather_into_tensor(on(np.zeros(3), "float32"), on(xs[RANK], "float32")), "elements"),
+    (lambda: dist.send(on(xs[RANK], "float32"), RANK), "the peer must be another rank"),
 ]:
     try:
         call()
@@ -143,6 +144,16 @@ for call, msg in [
         assert msg in str(e), (msg, e)
     else:
         raise AssertionError(f"no error: {msg}")
+# A second group after destroy_process_group() meets under new keys (the store outlives the first).
+dist.destroy_process_group()
+dist.init_process_group()
+time.sleep(0.3 * RANK)  # the ranks arrive apart: the barrier must still wait for the last
+t0 = time.time()
+dist.barrier()
+t = on(xs[RANK], "float32")
+dist.all_reduce(t)
+assert np.array_equal(host(t), xs.sum(0)), "all_reduce after re-init"
+assert RANK == WORLD - 1 or time.time() - t0 > 0.2 * (WORLD - 1 - RANK), "the barrier did not wait"
 print(f"rank {RANK}: {checks} collectives ok", flush=True)
 """
 

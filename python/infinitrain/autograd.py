@@ -90,22 +90,31 @@ def backward(root, grad=None, retain_graph=False):
             f"expected {root.dtype}{list(root.shape)} on {root.device}"
         )
     grads = {id(root): grad}
-    outer, _state.callbacks = getattr(_state, "callbacks", None), []
+    if getattr(_state, "callbacks", None) is not None:  # inside another backward (activation recompute):
+        with no_grad():  # its callbacks wait for the outermost one
+            _run(root, grads, retain_graph)
+        return
+    _state.callbacks = []
     try:
         with no_grad():
             _run(root, grads, retain_graph)
             while _state.callbacks:
                 _state.callbacks.pop(0)()
     finally:
-        _state.callbacks = outer
+        _state.callbacks = None
 
 
 def queue_callback(fn):
-    """fn() runs once the backward() in progress on this thread has been through the graph (DDP waits for its
-    all-reduces there); outside a backward it is an error."""
+    """fn() runs once the (outermost) backward() in progress on this thread has been through the graph (DDP
+    waits for its all-reduces there); outside a backward it is an error."""
     if getattr(_state, "callbacks", None) is None:
         raise RuntimeError("queue_callback: no backward() is running on this thread")
     _state.callbacks.append(fn)
+
+
+def current_backward():
+    """A token of the outermost backward() running on this thread (None outside one): equal tokens, one pass."""
+    return getattr(_state, "callbacks", None)
 
 
 def _run(root, grads, retain_graph):

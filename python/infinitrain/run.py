@@ -31,9 +31,7 @@ def parse(argv):
         "--master_port", "--master-port", type=int, default=29500, help="port of the store on node 0 (0: a free one)"
     )
     p.add_argument("--rdzv_endpoint", "--rdzv-endpoint", default=None, help="host:port, instead of the two above")
-    p.add_argument(
-        "--rdzv_timeout", type=float, default=300.0, help="seconds to wait for every rank (and for each collective)"
-    )
+    p.add_argument("--rdzv_timeout", type=float, default=300.0, help="seconds to wait for every rank to join")
     p.add_argument("--stop_timeout", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("-m", "--module", action="store_true", help="run the script argument as a module (python -m)")
     p.add_argument("script", help="the training script (or module with -m)")
@@ -153,6 +151,7 @@ def _stop(workers, timeout):
 
 def _watch(a, workers, store, received):
     failed_key = "launcher/failed"
+    store_up = a.nnodes > 1  # polled for failures elsewhere until node 0's store goes (it may finish first)
     while True:
         codes = [w.proc.returncode if w.exited_at is not None else None for w in workers]
         bad = [w for w, c in zip(workers, codes, strict=True) if c not in (None, 0)]
@@ -178,13 +177,12 @@ def _watch(a, workers, store, received):
             if received:
                 return 128 + int(received[0])
             return 0
-        if a.nnodes > 1 and not received:
+        if store_up and not received:
             try:
-                elsewhere = store.check([failed_key])
-            except (RuntimeError, TimeoutError):
-                elsewhere = False
-            if elsewhere:
-                why = store.get(failed_key).decode()
+                why = store.get(failed_key).decode() if store.check([failed_key]) else None
+            except (RuntimeError, TimeoutError, ValueError):
+                why, store_up = None, False  # reconnecting would wait the whole timeout
+            if why:
                 _stop(workers, a.stop_timeout)
                 sys.stderr.write(f"infinitrain.run: {why}; stopped this node's workers\n")
                 return 1

@@ -489,7 +489,7 @@ class Progress:
 
 
 class Launched:
-    """This process's place when infinitrain.run (or torchrun) started several: rank, local rank, world size."""
+    """This process's place when infinitrain.run started several: rank, local rank, world size."""
 
     def __init__(self, rank, local_rank, world):
         self.rank, self.local_rank, self.world = rank, local_rank, world

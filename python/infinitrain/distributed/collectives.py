@@ -120,11 +120,17 @@ def reduce_scatter_tensor(output, input, op="sum", group=None, async_op=False):
     return _run(c, g, lambda: c.reduce_scatter(input._t, output._t, op), async_op)
 
 
+def _other(c, peer, what):
+    if peer == c.rank:
+        raise ValueError(f"{what}: the peer must be another rank, got this rank ({peer}); copy the tensor instead")
+    return peer
+
+
 def send(tensor, dst, group=None):
-    """Sends tensor to rank dst, whose recv takes the same numel and dtype."""
+    """Sends tensor to rank dst (another rank), whose recv takes the same numel and dtype."""
     c, g = _resolve(group, tensor, "send")
     if c is not None:
-        peer = _peer(g, c, dst, "send", "dst")
+        peer = _other(c, _peer(g, c, dst, "send", "dst"), "send")
         _run(c, g, lambda: c.send(tensor._t, peer), False)
 
 
@@ -132,6 +138,6 @@ def recv(tensor, src, group=None):
     """Receives rank src's send into tensor, in place."""
     c, g = _resolve(group, tensor, "recv")
     if c is not None:
-        peer = _peer(g, c, src, "recv", "src")
+        peer = _other(c, _peer(g, c, src, "recv", "src"), "recv")
         _run(c, g, lambda: c.recv(tensor._t, peer), False)
     return tensor

@@ -86,8 +86,9 @@ class DistributedDataParallel(nn.Module):
         self._set_buckets([(c, None) for c in _chunks(self._order[::-1], self._cap)])
         self._stream = None if self.device.startswith("cpu") else runtime.Stream(self.device)
         self._sync = True
-        self._armed = False
+        self._pass = None  # the backward whose gradients are being reduced (autograd.current_backward())
         self._next = 0  # the next bucket to launch: buckets go in order on every rank
+        self._reduced_to_owners = False  # ZeRO-2: this step's gradients went to their owners already
         for _, p in named:
             p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -124,8 +125,14 @@ class DistributedDataParallel(nn.Module):
     def _on_grad(self, p):
         if not self._sync:
             return
-        if not self._armed:
-            self._armed = True
+        current = autograd.current_backward()
+        if self._pass is not current:  # the first gradient of this backward (an earlier one may have failed)
+            if self._reduced_to_owners:
+                raise RuntimeError(
+                    "DistributedDataParallel with ZeRO-2: the gradients of this step were reduced to their owners "
+                    "already; call the optimizer's step() first, and accumulate micro-batches under no_sync()"
+                )
+            self._pass = current
             self._next = 0
             for b in self._buckets:
                 b.ready.clear()
@@ -165,7 +172,8 @@ class DistributedDataParallel(nn.Module):
         b.flat = flat
 
     def _finish(self):
-        self._armed = False
+        self._pass = None
+        self._reduced_to_owners = any(b.owner is not None for b in self._buckets)
         waiting = {id(p) for b in self._buckets[self._next :] for p in b.params if id(p) not in b.ready}
         missing = [n for i, n in self._names.items() if i in waiting]  # in registration order
         if missing:

@@ -195,7 +195,8 @@ def init_process_group(backend=None, init_method=None, world_size=-1, rank=-1, t
     (infinitrain.run serves it; otherwise rank 0 does). init_method "env://" (default) or "tcp://host:port".
     backend is accepted for PyTorch's sake: None, "gloo", or the registered provider's CCL; the device of each
     tensor chooses. Waits for every rank, up to timeout (seconds or a timedelta; default 300, or
-    INFINITRAIN_DIST_TIMEOUT_S), then raises TimeoutError naming the ranks that did not come."""
+    INFINITRAIN_DIST_TIMEOUT_S), then raises TimeoutError naming the ranks that did not come. A timeout given
+    here also bounds each cpu collective (otherwise INFINITRAIN_CCL_TIMEOUT_S, default 300 s)."""
     if _state["world"] is not None:
         raise RuntimeError("init_process_group: already initialised (destroy_process_group() first)")
     if backend not in (None, "gloo", "nccl", "mccl", "cuda", "maca", "sim", "cpu"):
@@ -211,9 +212,15 @@ def init_process_group(backend=None, init_method=None, world_size=-1, rank=-1, t
         serve_here = rank == 0 and os.environ.get("INFINITRAIN_STORE_SERVED") != "1"
         store = _C.TcpStore("0.0.0.0" if serve_here else host, port, serve_here, seconds)
     _load_gloo()
-    _C.set_rendezvous_store(store.host if store.host not in ("0.0.0.0", "") else "127.0.0.1", store.port)
-    store.set(f"rdzv/{rank}", socket.gethostname().encode())
-    keys = [f"rdzv/{r}" for r in range(world_size)]
+    # The address other ranks reach the store at (a serving rank 0's own is MASTER_ADDR, not loopback).
+    advertised = host if serve_here else store.host
+    _C.set_rendezvous_store(advertised if advertised not in ("0.0.0.0", "") else "127.0.0.1", store.port)
+    if timeout is not None:  # as PyTorch's: the collectives' limit too (for communicators made from now on)
+        os.environ["INFINITRAIN_CCL_TIMEOUT_S"] = str(seconds)
+    # Every init after a destroy meets under new keys (a store outlives the groups that used it).
+    _state["generation"] = gen = _state.get("generation", 0) + 1
+    store.set(f"rdzv{gen}/{rank}", socket.gethostname().encode())
+    keys = [f"rdzv{gen}/{r}" for r in range(world_size)]
     try:
         # A rank serving the store waits a little longer, so the others can still ask it who is missing.
         store.wait(keys, seconds + (min(seconds, 5.0) if serve_here else 0.0))
@@ -226,7 +233,7 @@ def init_process_group(backend=None, init_method=None, world_size=-1, rank=-1, t
         raise TimeoutError(
             f"init_process_group: rank {rank} waited {seconds:g} s at the store {store.host}:{store.port}; {who}"
         ) from None
-    _state.update(world=ProcessGroup("world", range(world_size), rank, store), store=store, groups=0)
+    _state.update(world=ProcessGroup(f"world{gen}", range(world_size), rank, store), store=store, groups=0)
 
 
 def _address(init_method):
@@ -302,7 +309,7 @@ def new_group(ranks=None, timeout=None):
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world.size for r in ranks):
         raise ValueError(f"new_group: ranks must be distinct global ranks in [0, {world.size}), got {ranks}")
     _state["groups"] += 1
-    name = f"g{_state['groups']}"
+    name = f"{world.name}.g{_state['groups']}"
     me = world.ranks[world.rank]
     if me not in ranks:
         return NON_GROUP_MEMBER

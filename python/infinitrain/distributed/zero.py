@@ -8,7 +8,7 @@ elements so far), and only its owner keeps its optimizer state: the state's memo
 Stage 1: DDP all-reduces every gradient as usual; each rank steps the parameters it owns. Stage 2: DDP reduces
 each gradient to its owner only (buckets are formed per owner), and the other ranks drop theirs, so gradient
 memory is divided too. After the step every owner broadcasts its parameters (flattened, one collective per
-owner). clip_grad_norm_ takes the norm over the owners' gradients. state_dict() after consolidate_state_dict()
+owner and dtype). clip_grad_norm_ takes the norm over the owners' gradients. state_dict() after consolidate_state_dict()
 is a plain optimizer's state over all the parameters, so a checkpoint loads into any number of ranks, or none.
 """
 
@@ -57,8 +57,8 @@ class ZeroRedundancyOptimizer:
             self._local_groups = [lg for lg in local_groups if lg["params"]]
             self._group_of_local = [k for k, lg in enumerate(local_groups) if lg["params"]]
         self._consolidated = None
-        self._consolidations = 0
         self._steps = 0  # a rank that owns nothing counts the steps itself
+        self._ddp = ddp if stage == 2 else None
         if stage == 2:
             ddp._shard_gradients({id(p): o for p, o in zip(self._all, self.owner, strict=True)})
 
@@ -97,13 +97,16 @@ class ZeroRedundancyOptimizer:
         else:
             self._steps += 1
         self._sync_parameters()
+        if self._ddp is not None:
+            self._ddp._reduced_to_owners = False  # the next backward reduces the next step's gradients
         return loss
 
     def _sync_parameters(self):
-        """Every owner broadcasts the parameters it stepped, flattened: one collective per owner."""
+        """Every owner broadcasts the parameters it stepped, flattened: one collective per owner and dtype."""
         g = self.process_group
-        for r in range(g.size):
-            params = [p for p, o in zip(self._all, self.owner, strict=True) if o == r]
+        dtypes = sorted({p.dtype for p in self._all})
+        for r, dtype in ((r, d) for r in range(g.size) for d in dtypes):
+            params = [p for p, o in zip(self._all, self.owner, strict=True) if o == r and p.dtype == dtype]
             if not params:
                 continue
             if r == g.rank:
@@ -142,8 +145,8 @@ class ZeroRedundancyOptimizer:
             for name, t in self._local.state_dict()["tensors"].items():
                 mine[self._full_name(name)] = t
         # What each owner holds (state can appear lazily, as SGD's momentum), through the store.
-        self._consolidations += 1
-        key = f"{g.name}/zero/{self._consolidations}"
+        g._zero_consolidations = getattr(g, "_zero_consolidations", 0) + 1  # per group: every optimizer on it
+        key = f"{g.name}/zero/{g._zero_consolidations}"
         g._store.set(f"{key}/{g.rank}", json.dumps({n: [list(t.shape), t.dtype] for n, t in mine.items()}).encode())
         gathered = {n: t.clone() for n, t in mine.items()} if g.rank == dst else {}
         for r in range(g.size):
