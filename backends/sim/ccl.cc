@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "backends/sim/sim.h"
+#include "infinitrain/ccl_host_math.h"
 #include "infinitrain/dtype_dispatch.h"
 #include "infinitrain/provider.h"
 
@@ -111,70 +112,20 @@ std::string Seconds(double s) {
 
 // ---------------------------------------------------------------- reductions
 
-template <typename T>
-using Unsigned = std::make_unsigned_t<T>;
-
-// Storage type T accumulated in Acc; integers wrap rather than overflow (UB).
-template <typename T, typename Acc>
-struct Arith {
-    static Acc Combine(Acc a, Acc b, ReduceOp op) {
-        switch (op) {
-            case ReduceOp::kSum:
-            case ReduceOp::kAvg:
-                if constexpr (std::is_integral_v<Acc>) {
-                    return static_cast<Acc>(static_cast<Unsigned<Acc>>(a) + static_cast<Unsigned<Acc>>(b));
-                } else {
-                    return a + b;
-                }
-            case ReduceOp::kProd:
-                if constexpr (std::is_integral_v<Acc>) {
-                    return static_cast<Acc>(static_cast<Unsigned<Acc>>(a) * static_cast<Unsigned<Acc>>(b));
-                } else {
-                    return a * b;
-                }
-            case ReduceOp::kMax:
-                return b > a ? b : a;
-            case ReduceOp::kMin:
-                return b < a ? b : a;
-        }
-        return a;
-    }
-};
-
-// Integers accumulate in int64 (so avg sees the true sum of int32s); floats as the host kernels do.
-template <typename T>
-struct AccOf {
-    using type = std::conditional_t<std::is_integral_v<T>, int64_t, Acc<T>>;
-};
-
-template <typename T>
-typename AccOf<T>::type LoadAcc(const T* p) {
-    if constexpr (std::is_integral_v<T>) {
-        return *p;
-    } else {
-        return Load(p);
-    }
-}
-
-template <typename T, typename A>
-void StoreAcc(T* p, A v) {
-    if constexpr (std::is_integral_v<T>) {
-        *p = static_cast<T>(static_cast<std::make_unsigned_t<T>>(static_cast<uint64_t>(v)));  // wraps
-    } else {
-        Store(p, v);
-    }
-}
+using ccl_host::CanReduce;
+using ccl_host::LoadAcc;
+using ccl_host::StoreAcc;
 
 // out[i] = op over r of ins[r][i], i < n. out may not alias any input.
 template <typename T>
 void ReduceTyped(void* out, const std::vector<const void*>& ins, size_t n, ReduceOp op) {
-    using A = typename AccOf<T>::type;
+    using A = ccl_host::AccOf<T>;
     std::vector<A> acc(n);
     const T* first = static_cast<const T*>(ins[0]);
     for (size_t i = 0; i < n; ++i) acc[i] = LoadAcc(first + i);
     for (size_t r = 1; r < ins.size(); ++r) {
         const T* in = static_cast<const T*>(ins[r]);
-        for (size_t i = 0; i < n; ++i) acc[i] = Arith<T, A>::Combine(acc[i], LoadAcc(in + i), op);
+        for (size_t i = 0; i < n; ++i) acc[i] = ccl_host::Combine(acc[i], LoadAcc(in + i), op);
     }
     if (op == ReduceOp::kAvg) {
         A k = static_cast<A>(ins.size());
@@ -182,20 +133,6 @@ void ReduceTyped(void* out, const std::vector<const void*>& ins, size_t n, Reduc
     }
     T* o = static_cast<T*>(out);
     for (size_t i = 0; i < n; ++i) StoreAcc(o + i, acc[i]);
-}
-
-bool CanReduce(DataType t) {
-    switch (t) {
-        case DataType::kFloat32:
-        case DataType::kFloat64:
-        case DataType::kBFloat16:
-        case DataType::kFloat16:
-        case DataType::kInt32:
-        case DataType::kInt64:
-            return true;
-        default:
-            return false;
-    }
 }
 
 void Reduce(void* out, const std::vector<const void*>& ins, size_t n, DataType t, ReduceOp op) {

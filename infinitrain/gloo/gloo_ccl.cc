@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "infinitrain/ccl.h"
+#include "infinitrain/ccl_host_math.h"
 #include "infinitrain/dtype_dispatch.h"
 #include "infinitrain/store.h"
 
@@ -126,41 +127,9 @@ std::string LocalAddressToward(const std::string& host, int port) {
 
 // ---------------------------------------------------------------- arithmetic
 
-template <typename T>
-using AccOf = std::conditional_t<std::is_integral_v<T>, int64_t, Acc<T>>;
-
-template <typename A>
-A Combine(A a, A b, ReduceOp op) {
-    using U = std::make_unsigned_t<std::conditional_t<std::is_integral_v<A>, A, int>>;
-    switch (op) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-            if constexpr (std::is_integral_v<A>) return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-            return a + b;
-        case ReduceOp::kProd:
-            if constexpr (std::is_integral_v<A>) return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
-            return a * b;
-        case ReduceOp::kMax:
-            return b > a ? b : a;
-        case ReduceOp::kMin:
-            return b < a ? b : a;
-    }
-    return a;
-}
-
-bool CanReduce(DataType t) {
-    switch (t) {
-        case DataType::kFloat32:
-        case DataType::kFloat64:
-        case DataType::kBFloat16:
-        case DataType::kFloat16:
-        case DataType::kInt32:
-        case DataType::kInt64:
-            return true;
-        default:
-            return false;
-    }
-}
+using ccl_host::AccOf;
+using ccl_host::CanReduce;
+using ccl_host::Combine;
 
 class GlooComm;
 
@@ -328,13 +297,7 @@ private:
             using A = AccOf<T>;
             const T* in = static_cast<const T*>(send);
             std::vector<A> acc(total);
-            for (size_t i = 0; i < total; ++i) {
-                if constexpr (std::is_integral_v<T>) {
-                    acc[i] = in[i];
-                } else {
-                    acc[i] = Load(in + i);
-                }
-            }
+            for (size_t i = 0; i < total; ++i) acc[i] = ccl_host::LoadAcc(in + i);
             auto fn = [op](void* c, const void* a, const void* b, size_t n) {
                 A* out = static_cast<A*>(c);
                 const A* x = static_cast<const A*>(a);
@@ -368,11 +331,7 @@ private:
             for (size_t i = 0; i < keep; ++i) {
                 A v = acc[offset + i];
                 if (op == ReduceOp::kAvg) v /= k;  // integers truncate toward zero
-                if constexpr (std::is_integral_v<T>) {
-                    out[i] = static_cast<T>(static_cast<std::make_unsigned_t<T>>(static_cast<uint64_t>(v)));
-                } else {
-                    Store(out + i, v);
-                }
+                ccl_host::StoreAcc(out + i, v);
             }
         });
     }
