@@ -119,6 +119,15 @@ def run(tmp_path, n, model, name, **env):
         return json.load(f)
 
 
+def launch(tmp_path, name, code, n=2, timeout=120, **env):
+    """Runs `code` in n workers under the launcher on the device under test; returns the CompletedProcess."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(code)
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TEST_DEVICE=TYPE, **env)
+    cmd = [sys.executable, "-m", "infinitrain.run", f"--nproc_per_node={n}", "--master_port=0", str(script)]
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
+
+
 def seeds():
     g = np.random.default_rng()
     return {"TEST_SEED": int(g.integers(1 << 20)), "TEST_DATA_SEED": int(g.integers(1 << 20))}
@@ -181,16 +190,7 @@ print("b.grad", grads[0], "a.grad", grads[1], flush=True)
 
 @pytest.mark.parametrize("find", [False, True])
 def test_unused_parameters(tmp_path, find):
-    script = tmp_path / "unused.py"
-    script.write_text(UNUSED)
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-        TEST_DEVICE=TYPE,
-        TEST_FIND_UNUSED="1" if find else "0",
-    )
-    cmd = [sys.executable, "-m", "infinitrain.run", "--nproc_per_node=2", "--master_port=0", str(script)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    p = launch(tmp_path, "unused", UNUSED, TEST_FIND_UNUSED="1" if find else "0")
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("error:", "b.grad"))]
     assert len(lines) == 2, p.stdout
@@ -281,11 +281,7 @@ if dist.get_rank() == 0:
 
 def test_consolidation_outlives_the_senders_exit(tmp_path):
     """The ranks that send their optimizer state may exit at once: their sends finish at exit."""
-    script = tmp_path / "consolidate.py"
-    script.write_text(CONSOLIDATE)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TEST_DEVICE=TYPE)
-    cmd = [sys.executable, "-m", "infinitrain.run", "--nproc_per_node=3", "--master_port=0", str(script)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    p = launch(tmp_path, "consolidate", CONSOLIDATE, n=3)
     assert p.returncode == 0 and "consolidated 24" in p.stdout, p.stdout + p.stderr
 
 
@@ -363,9 +359,5 @@ print(f"rank {R}: edges ok", flush=True)
 
 
 def test_ddp_edges_recompute_failed_backward_zero2_double_backward(tmp_path):
-    script = tmp_path / "edges.py"
-    script.write_text(EDGES)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TEST_DEVICE=TYPE)
-    cmd = [sys.executable, "-m", "infinitrain.run", "--nproc_per_node=2", "--master_port=0", str(script)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    p = launch(tmp_path, "edges", EDGES)
     assert p.returncode == 0 and p.stdout.count("edges ok") == 2, p.stdout + p.stderr

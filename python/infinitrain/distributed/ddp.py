@@ -23,8 +23,7 @@ from infinitrain.tensor import zeros_like
 
 
 class _Bucket:
-    def __init__(self, index, params, owner=None):
-        self.index = index
+    def __init__(self, params, owner=None):
         self.params = params
         self.owner = owner  # the group rank the gradients are reduced to (ZeRO-2), or None: all of them
         self.ready = set()
@@ -96,7 +95,7 @@ class DistributedDataParallel(nn.Module):
         return self.module(*args, **kwargs)
 
     def _set_buckets(self, chunks):
-        self._buckets = [_Bucket(i, c, owner) for i, (c, owner) in enumerate(chunks)]
+        self._buckets = [_Bucket(c, owner) for c, owner in chunks]
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
 
     def _shard_gradients(self, owner):

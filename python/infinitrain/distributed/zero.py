@@ -54,7 +54,6 @@ class ZeroRedundancyOptimizer:
         self._local = None
         if self._mine:
             self._local = self.optimizer_class([g for g in local_groups if g["params"]], **defaults)
-            self._local_groups = [lg for lg in local_groups if lg["params"]]
             self._group_of_local = [k for k, lg in enumerate(local_groups) if lg["params"]]
         self._consolidated = None
         self._steps = 0  # a rank that owns nothing counts the steps itself
