@@ -316,3 +316,28 @@ def test_in_place_writes_to_saved_outputs_and_indices_are_caught():
     idx.fill_(4)
     with pytest.raises(RuntimeError, match="'embedding'"):
         e.backward()
+
+
+def test_split_gradients_join_in_one_concat():
+    # Pieces used once, twice or not at all, any dim: x's gradient is the pieces' gradients side by side (zeros
+    # for an unused piece), made by one concat in the backward, not a zero-padded copy of x per piece plus adds.
+    for dim, sizes, used in ((-1, [3, 3, 3], [0, 2, 2]), (1, [1, 4], [1]), (0, [2, 1, 1], [0, 1, 2])):
+        xn = rng().standard_normal((4, 5, 9)) if dim != -1 else rng().standard_normal((2, 3, 9))
+        if dim == 1:
+            xn = xn[:, :5]
+        x = _t(xn)
+        pieces = F.split(x, sizes, dim=dim)
+        ws = [rng().standard_normal(p.shape) for p in pieces]
+        with it.profiler.profile() as prof:
+            loss = None
+            for i in used:
+                term = (pieces[i] * _t(ws[i], requires_grad=False)).sum()
+                loss = term if loss is None else loss + term
+            loss.backward()
+        ref = [np.zeros(p.shape) for p in pieces]
+        for i in used:
+            ref[i] = ref[i] + ws[i]
+        np.testing.assert_allclose(x.grad.numpy(), np.concatenate(ref, axis=dim), rtol=1e-12, atol=1e-12)
+        ops = prof.summary()
+        assert "slice_backward" not in ops, ops
+        assert ops.get("concat", {}).get("calls") == 1, ops

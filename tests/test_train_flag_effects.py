@@ -182,7 +182,10 @@ def test_gradient_accumulation_equals_the_large_batch(model_file, tmp_path):
     assert abs(norm2 - norm) <= 1e-4 + 1e-5 * norm, (norm, norm2)  # the gradient of the mean
     ma, mb = (ckpt_tensors(str(tmp_path / d), 1) for d in ("big", "acc"))
     for name in (k for k in ma if k.startswith("optim.m.")):
-        np.testing.assert_allclose(mb[name], ma[name], rtol=1e-5, atol=1e-8, err_msg=name)
+        # Sums over rows in another order: float32 rounding at the scale of the largest terms, not of each result
+        # (an element that nearly cancels differs by ~1e-8 where the tensor reaches ~1e-3).
+        scale = float(np.abs(ma[name]).max())
+        np.testing.assert_allclose(mb[name], ma[name], rtol=1e-5, atol=1e-5 * scale, err_msg=name)
 
 
 def test_learning_rate_and_warmup_schedule(model_file, tokens):

@@ -7,7 +7,7 @@
 #   python3 OUT/run_tests.py [--jobs=N] [args]  # there: every shared suite on device "cuda"
 #
 # OUT holds python/ (the package with its native modules, the provider's module
-# and the test-only providers), tests/, examples/, README.md, docs/ops.md,
+# and the test-only providers), lib/ (Gloo's libraries), tests/, examples/, README.md, docs/ops.md,
 # python/bin/ (train, bench, conformance) and run_tests.py (tools/device_run_tests.py).
 # The machine needs Python 3.11 with the wheels the package imports: numpy,
 # pytest, absl-py, safetensors, scipy-openblas32 (the core links its OpenBLAS),
@@ -25,6 +25,15 @@ rm -rf "$out"
 mkdir -p "$out/python" "$out/tests" "$out/docs"
 tar -C python --exclude=__pycache__ --exclude='*.so' -cf - infinitrain bin | tar -C "$out/python" -xf -
 cp -L "$bin/python/infinitrain/_C.so" "$bin/python/infinitrain/libinfinitrain.so" "$out/python/infinitrain/"
+# The cpu's CCL (Gloo) and the libraries it needs beyond the C runtime, which the GPU machine may lack
+# (run_tests.py puts lib/ on the loader path).
+cp -L "$bin/python/infinitrain/_gloo.so" "$out/python/infinitrain/"
+mkdir -p "$out/lib"
+gloo=$(ldd "$bin/python/infinitrain/_gloo.so" | awk '$1 ~ /^libgloo/ {print $3}')
+[ -f "$gloo" ] || { echo "_gloo.so does not link libgloo" >&2; exit 1; }
+{ echo "$gloo"; ldd "$gloo" | awk '$3 ~ /^\// {print $3}'; } \
+    | grep -Ev '/(libc|libm|libgcc_s|libstdc\+\+|ld-linux[^/]*|libpthread|libdl|librt)\.so' \
+    | while read -r lib; do cp -L "$lib" "$out/lib/"; done
 for so in "$bin/backends/$provider/infinitrain_$provider.so" "$bin"/tests/fake_provider/infinitrain_*.so; do
     [ -f "$so" ] && cp -L "$so" "$out/python/"
 done

@@ -393,6 +393,25 @@ __global__ void MaskedFillKernel(Broadcast<1, I> b, const T* __restrict__ x, con
     }
 }
 
+// The same over packs of kVec outputs that share one innermost-dim run (the plan's innermost size is a multiple of
+// kVec): one offset computation per pack, 16-byte loads and stores of x and out, the mask read at stride mstep
+// (1, or 0 where it repeats along the innermost dim).
+template <typename T, int kVec, typename I>
+__global__ void MaskedFillPackKernel(Broadcast<1, I> b, const T* __restrict__ x, const uint8_t* __restrict__ mask,
+                                     T* __restrict__ out, I packs, I mstep, double value) {
+    using P = Pack<T, kVec>;
+    const T v = FromAcc<T>(static_cast<Acc<T>>(value));
+    GPU_KERNEL_LOOP_T(I, q, packs) {
+        I off[1];
+        BroadcastOffsets(b, q * kVec, off);
+        const P xp = reinterpret_cast<const P*>(x)[q];
+        P r;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) r.v[k] = mask[off[0] + k * mstep] ? v : xp.v[k];
+        reinterpret_cast<P*>(out)[q] = r;
+    }
+}
+
 // dgate = grad * up * s (1 + g (1 - s)), dup = grad * g * s with s = sigmoid(gate).
 template <typename T>
 __global__ void SwigluBackwardKernel(const T* __restrict__ gate, const T* __restrict__ up, const T* __restrict__ grad,

@@ -9,8 +9,10 @@
 //     rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd * weight + bias. rmsnorm: rstd = 1 / sqrt(mean(x^2) + eps),
 //     out = x * rstd * weight. The backwards recompute xhat from the saved mean / rstd:
 //     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) (rmsnorm without mean(dxhat)),
-//     dweight = sum over rows of grad * xhat, dbias = sum of grad: threads own a column and a fixed chunk of rows
-//     (coalesced), partials combined in chunk order, so the sums are deterministic.
+//     dweight = sum over rows of grad * xhat, dbias = sum of grad, as partial sums over fixed chunks of rows
+//     combined in chunk order, so the sums are deterministic.
+//   Rows of C <= 1024 take a 32-lane group each, the row in registers (read once, shuffles only); longer rows a
+//   block per row. The parameter gradients are a column pass over fixed row chunks and a parallel combine.
 // Precision: softmax sums in the compute type (float for float32/bfloat16/float16, double for float64); the
 // norms' row statistics in double, stored as float32 (float64 for float64 x). dweight / dbias accumulate in double.
 #pragma once
@@ -228,8 +230,8 @@ __global__ void NormBackwardDxKernel(const T* __restrict__ g, const T* __restric
     }
 }
 
-// Thread t owns column c = t % C over rows [p * chunk, (p + 1) * chunk), p = t / C: partial[p][c] = sum of
-// grad * xhat and partial[P + p][c] = sum of grad (dbias; skipped for rmsnorm).
+// Thread t owns column c = t % C over rows [p * chunk, (p + 1) * chunk), p = t / C: partial[p * W + c] = sum of
+// grad * xhat and partial[p * W + C + c] = sum of grad (dbias; skipped for rmsnorm), W = C or 2C.
 template <bool kRms, typename T>
 __global__ void NormBackwardParamsKernel(const T* __restrict__ g, const T* __restrict__ x,
                                          const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
@@ -239,28 +241,135 @@ __global__ void NormBackwardParamsKernel(const T* __restrict__ g, const T* __res
         const int64_t p = t / C, c = t % C;
         const int64_t r0 = p * chunk, r1 = min(rows, r0 + chunk);
         double sw = 0, sb = 0;
+        // Unrolled so that several rows' loads are in flight (the sums stay in row order).
+#pragma unroll 8
         for (int64_t r = r0; r < r1; ++r) {
             const double mean = kRms ? 0.0 : static_cast<double>(mean_in[r]);
             const double gv = ToAcc(g[r * C + c]), xh = (ToAcc(x[r * C + c]) - mean) * rstd_in[r];
             sw += gv * xh;
             sb += gv;
         }
-        partial[p * C + c] = sw;
-        if (!kRms) partial[(P + p) * C + c] = sb;
+        const int64_t W = kRms ? C : 2 * C;
+        partial[p * W + c] = sw;
+        if (!kRms) partial[p * W + C + c] = sb;
     }
 }
 
-template <bool kRms, typename T>
-__global__ void NormBackwardCombineKernel(const double* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db,
-                                          int64_t C, int64_t P) {
-    GPU_KERNEL_LOOP(c, C) {
-        double sw = 0, sb = 0;
-        for (int64_t p = 0; p < P; ++p) {
-            sw += partial[p * C + c];
-            if (!kRms) sb += partial[(P + p) * C + c];
+// ---- rows of up to 32 * kPer elements: a 32-lane group per row ----------------------------------------------
+
+// Lane l of a group holds columns l, l + 32, ... of its row. Groups past the last row still run every shuffle
+// (two groups share a 64-lane hardware warp), with nothing loaded or stored.
+template <bool kRms, int kPer, typename T>
+__global__ void NormForwardGroupKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                       T* __restrict__ y, Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out,
+                                       int64_t rows, int64_t C, double eps) {
+    using V = Acc<T>;
+    const int lane = threadIdx.x % kGroup;
+    const int64_t per_block = blockDim.x / kGroup;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
+         base += static_cast<int64_t>(gridDim.x) * per_block) {
+        const int64_t r = base + threadIdx.x / kGroup;
+        const bool live = r < rows;
+        const T* xr = x + (live ? r : 0) * C;
+        V xv[kPer];
+        double s = 0;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+            const int64_t j = lane + k * kGroup;
+            xv[k] = live && j < C ? ToAcc(xr[j]) : V(0);
+            s += static_cast<double>(xv[k]);
         }
-        dw[c] = FromAcc<T>(static_cast<Acc<T>>(sw));
-        if (!kRms) db[c] = FromAcc<T>(static_cast<Acc<T>>(sb));
+        double mean = 0;
+        if (!kRms) mean = C ? GroupReduce(s, SumOp()) / static_cast<double>(C) : 0.0;
+        double q = 0;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+            const double d = lane + k * kGroup < C ? static_cast<double>(xv[k]) - mean : 0.0;
+            q += d * d;
+        }
+        q = GroupReduce(q, SumOp());
+        const double var = C ? q / static_cast<double>(C) : 0.0;
+        const V rstd = static_cast<V>(1.0 / Sqrt(var + eps));
+        if (!live) continue;
+        T* yr = y + r * C;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+            const int64_t j = lane + k * kGroup;
+            if (j >= C) break;
+            V v = static_cast<V>(static_cast<double>(xv[k]) - mean) * rstd * ToAcc(w[j]);
+            if (!kRms) v += ToAcc(b[j]);
+            yr[j] = FromAcc<T>(v);
+        }
+        if (lane == 0) {
+            if (!kRms) mean_out[r] = static_cast<V>(mean);
+            rstd_out[r] = rstd;
+        }
+    }
+}
+
+// dx of a row per group (grid-stride over rows); the parameter gradients are a separate column pass.
+template <bool kRms, int kPer, typename T>
+__global__ void NormBackwardGroupKernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                                        const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
+                                        T* __restrict__ dx, int64_t rows, int64_t C) {
+    using V = Acc<T>;
+    const int lane = threadIdx.x % kGroup;
+    const int64_t per_block = blockDim.x / kGroup;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
+         base += static_cast<int64_t>(gridDim.x) * per_block) {
+        const int64_t r = base + threadIdx.x / kGroup;
+        const bool live = r < rows;
+        const int64_t rr = live ? r : 0;
+        const T *gr = g + rr * C, *xr = x + rr * C;
+        const V mean = kRms ? V(0) : mean_in[rr], rstd = rstd_in[rr];
+        V d[kPer], xh[kPer];
+        V sd = 0, sdx = 0;  // sums of dxhat and dxhat * xhat
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+            const int64_t j = lane + k * kGroup;
+            d[k] = xh[k] = V(0);
+            if (live && j < C) {
+                xh[k] = (ToAcc(xr[j]) - mean) * rstd;
+                d[k] = MulRn(ToAcc(gr[j]), ToAcc(w[j]));
+                sd += d[k];
+                sdx += d[k] * xh[k];
+            }
+        }
+        if (!kRms) sd = GroupReduce(sd, SumOp());
+        sdx = GroupReduce(sdx, SumOp());
+        if (!live) continue;
+        const V mean_d = kRms ? V(0) : sd / static_cast<V>(C), mean_dx = sdx / static_cast<V>(C);
+        T* dr = dx + r * C;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) {
+            const int64_t j = lane + k * kGroup;
+            if (j < C) dr[j] = FromAcc<T>(rstd * (d[k] - mean_d - xh[k] * mean_dx));
+        }
+    }
+}
+
+// out[c] = sum over p < P of partial[p * W + c] in a fixed order: a block of 32 x 32 threads per 32 columns,
+// thread (c, y) summing p = y, y + 32, ..., then the 32 sums added in y order. Columns c < C go to dw, the
+// rest (layernorm's) to db.
+template <typename T>
+__global__ void NormParamsCombineKernel(const double* __restrict__ partial, T* __restrict__ dw, T* __restrict__ db,
+                                        int64_t C, int64_t W, int64_t P) {
+    __shared__ double buf[32][33];
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+    double s = 0;
+    if (c < W) {
+        for (int64_t p = threadIdx.y; p < P; p += 32) s += partial[p * W + c];
+    }
+    buf[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < W) {
+        double t = 0;
+        for (int k = 0; k < 32; ++k) t += buf[k][threadIdx.x];
+        if (c < C) {
+            dw[c] = FromAcc<T>(static_cast<Acc<T>>(t));
+        } else {
+            db[c - C] = FromAcc<T>(static_cast<Acc<T>>(t));
+        }
     }
 }
 

@@ -138,7 +138,16 @@ void MaskedFill(KernelContext& ctx) {
     const double value = ctx.f(0);
     DispatchFloat(x.dtype(), "masked_fill", [&](auto tag) {
         using T = typename decltype(tag)::type;
-        if (Fits32(plan, n)) {
+        constexpr int kVec = 16 / sizeof(T);
+        const int inner = plan.nd - 1;
+        const int64_t mstep = plan.nd > 0 ? plan.stride[0][inner] : 0;
+        if (plan.nd > 0 && plan.size[inner] % kVec == 0 && (mstep == 0 || mstep == 1) && Fits32(plan, n) &&
+            Aligned(x.data(), 16) && Aligned(y.data(), 16)) {
+            const int32_t packs = static_cast<int32_t>(n / kVec);
+            MaskedFillPackKernel<T, kVec><<<Blocks(packs), kThreads, 0, NativeStream(ctx)>>>(
+                Narrow32(plan), x.data<T>(), mask.data<uint8_t>(), y.data<T>(), packs, static_cast<int32_t>(mstep),
+                value);
+        } else if (Fits32(plan, n)) {
             MaskedFillKernel<T><<<Blocks(n), kThreads, 0, NativeStream(ctx)>>>(
                 Narrow32(plan), x.data<T>(), mask.data<uint8_t>(), y.data<T>(), static_cast<int32_t>(n), value);
         } else {

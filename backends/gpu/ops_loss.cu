@@ -1,5 +1,6 @@
 // Op adapters for cross_entropy and cross_entropy_backward (kernels in loss.cuh).
 #include <algorithm>
+#include <type_traits>
 
 #include "backends/gpu/context.h"
 #include "backends/gpu/loss.cuh"
@@ -20,9 +21,18 @@ void CrossEntropy(KernelContext& ctx) {
         double* row_loss = rows.data<double>();
         double* row_kept = row_loss + std::max<int64_t>(N, 1);
         if (N > 0) {
-            CrossEntropyRowsKernel<T>
-                <<<Blocks(N, 1), RowBlockThreads(V), 0, s>>>(logits.data<T>(), target.data<int64_t>(), lse.data<S>(),
-                                                             row_loss, row_kept, N, V, ignore, DeviceErrorSlot(ctx));
+            auto rows_kernel = [&](auto vec) {
+                constexpr int kVec = decltype(vec)::value;
+                CrossEntropyRowsKernel<T, kVec><<<Blocks(N, 1), RowBlockThreads(V / kVec), 0, s>>>(
+                    logits.data<T>(), target.data<int64_t>(), lse.data<S>(), row_loss, row_kept, N, V, ignore,
+                    DeviceErrorSlot(ctx));
+            };
+            constexpr int kVec = 16 / sizeof(T);
+            if (V % kVec == 0 && Aligned(logits.data(), 16)) {
+                rows_kernel(std::integral_constant<int, kVec>{});
+            } else {
+                rows_kernel(std::integral_constant<int, 1>{});
+            }
             GPU_CHECK_LAUNCH("cross_entropy");
         }
         CrossEntropyLossKernel<S><<<1, 1024, 0, s>>>(row_loss, row_kept, N, loss.data<S>());
@@ -45,8 +55,18 @@ void CrossEntropyBackward(KernelContext& ctx) {
                                                      coef.data<double>(), DeviceErrorSlot(ctx));
         GPU_CHECK_LAUNCH(op);
         if (N * V == 0) return;
-        CrossEntropyBackwardKernel<T><<<Blocks(N * V), kThreads, 0, s>>>(
-            logits.data<T>(), target.data<int64_t>(), lse.data<S>(), coef.data<double>(), dx.data<T>(), N, V, ignore);
+        auto backward = [&](auto vec) {
+            constexpr int kVec = decltype(vec)::value;
+            CrossEntropyBackwardKernel<T, kVec>
+                <<<Blocks(N, 1), kThreads, 0, s>>>(logits.data<T>(), target.data<int64_t>(), lse.data<S>(),
+                                                   coef.data<double>(), dx.data<T>(), N, V, ignore);
+        };
+        constexpr int kVec = 16 / sizeof(T);
+        if (V % kVec == 0 && Aligned(logits.data(), 16) && Aligned(dx.data(), 16)) {
+            backward(std::integral_constant<int, kVec>{});
+        } else {
+            backward(std::integral_constant<int, 1>{});
+        }
         GPU_CHECK_LAUNCH(op);
     });
 }

@@ -1,6 +1,7 @@
 // Op adapters for softmax, log_softmax, their backwards, layernorm, rmsnorm and their backwards (kernels in
 // norm.cuh).
 #include <algorithm>
+#include <type_traits>
 
 #include "backends/gpu/context.h"
 #include "backends/gpu/norm.cuh"
@@ -22,6 +23,24 @@ Layout SoftmaxLayout(const char* op, const Tensor& x, int64_t dim) {
 }
 
 constexpr int64_t kGroupRowMax = 1024;  // rows up to this length get a 32-lane group, longer ones a block
+
+// Calls f(std::integral_constant<int, kPer>) with the fewest values per lane that hold a row of C elements in a
+// 32-lane group; false when C is longer than kGroupRowMax.
+template <typename F>
+bool DispatchPerLane(int64_t C, F&& f) {
+    if (C <= 8 * kGroup) {
+        f(std::integral_constant<int, 8>{});
+    } else if (C <= 16 * kGroup) {
+        f(std::integral_constant<int, 16>{});
+    } else if (C <= 24 * kGroup) {
+        f(std::integral_constant<int, 24>{});
+    } else if (C <= 32 * kGroup) {
+        f(std::integral_constant<int, 32>{});
+    } else {
+        return false;
+    }
+    return true;
+}
 
 template <bool kLog>
 void SoftmaxForward(KernelContext& ctx, const char* op) {
@@ -83,9 +102,18 @@ void NormForward(KernelContext& ctx, const char* op) {
     DispatchFloat(x.dtype(), op, [&](auto tag) {
         using T = typename decltype(tag)::type;
         using S = Acc<T>;
-        NormForwardKernel<kRms, T><<<Blocks(rows, 1), RowBlockThreads(C), 0, NativeStream(ctx)>>>(
-            x.data<T>(), w.data<T>(), bias ? bias->data<T>() : nullptr, ctx.out[0].data<T>(),
-            kRms ? nullptr : ctx.out[1].data<S>(), rstd.data<S>(), rows, C, ctx.f(0));
+        const T* b = bias ? bias->data<T>() : nullptr;
+        S* mean = kRms ? nullptr : ctx.out[1].data<S>();
+        NativeStream_t s = NativeStream(ctx);
+        const unsigned blocks = Blocks(rows, kThreads / kGroup);
+        auto group = [&](auto per) {
+            NormForwardGroupKernel<kRms, decltype(per)::value, T><<<blocks, kThreads, 0, s>>>(
+                x.data<T>(), w.data<T>(), b, ctx.out[0].data<T>(), mean, rstd.data<S>(), rows, C, ctx.f(0));
+        };
+        if (!DispatchPerLane(C, group)) {
+            NormForwardKernel<kRms, T><<<Blocks(rows, 1), RowBlockThreads(C), 0, s>>>(
+                x.data<T>(), w.data<T>(), b, ctx.out[0].data<T>(), mean, rstd.data<S>(), rows, C, ctx.f(0));
+        }
     });
     GPU_CHECK_LAUNCH(op);
 }
@@ -105,20 +133,28 @@ void NormBackward(KernelContext& ctx, const char* op) {
         using S = Acc<T>;
         const S* mp = mean ? mean->data<S>() : nullptr;
         if (rows > 0 && C > 0) {
-            NormBackwardDxKernel<kRms, T><<<Blocks(rows, 1), RowBlockThreads(C), 0, s>>>(
-                g.data<T>(), x.data<T>(), w.data<T>(), mp, rstd.data<S>(), dx.data<T>(), rows, C);
+            auto group = [&](auto per) {
+                NormBackwardGroupKernel<kRms, decltype(per)::value, T>
+                    <<<Blocks(rows, kThreads / kGroup), kThreads, 0, s>>>(g.data<T>(), x.data<T>(), w.data<T>(), mp,
+                                                                          rstd.data<S>(), dx.data<T>(), rows, C);
+            };
+            if (!DispatchPerLane(C, group)) {
+                NormBackwardDxKernel<kRms, T><<<Blocks(rows, 1), RowBlockThreads(C), 0, s>>>(
+                    g.data<T>(), x.data<T>(), w.data<T>(), mp, rstd.data<S>(), dx.data<T>(), rows, C);
+            }
             GPU_CHECK_LAUNCH(op);
         }
         if (C == 0) return;
         // Enough (column, row chunk) threads to fill the device, chunks of at least 32 rows; fixed for a shape.
-        const int64_t P = std::max<int64_t>(1, std::min((65536 + C - 1) / C, (rows + 31) / 32));
+        const int64_t P = std::max<int64_t>(1, std::min((262144 + C - 1) / C, (rows + 31) / 32));
         const int64_t chunk = std::max<int64_t>(1, (rows + P - 1) / P);
-        Tensor partial = Scratch(ctx, {(kRms ? 1 : 2) * P * C}, DataType::kFloat64);
+        const int64_t W = kRms ? C : 2 * C;
+        Tensor partial = Scratch(ctx, {P * W}, DataType::kFloat64);
         NormBackwardParamsKernel<kRms, T><<<Blocks(P * C), kThreads, 0, s>>>(
             g.data<T>(), x.data<T>(), mp, rstd.data<S>(), partial.data<double>(), rows, C, P, chunk);
         GPU_CHECK_LAUNCH(op);
-        NormBackwardCombineKernel<kRms, T>
-            <<<Blocks(C), kThreads, 0, s>>>(partial.data<double>(), dw.data<T>(), db ? db->data<T>() : nullptr, C, P);
+        NormParamsCombineKernel<T><<<static_cast<unsigned>((W + 31) / 32), dim3(32, 32), 0, s>>>(
+            partial.data<double>(), dw.data<T>(), db ? db->data<T>() : nullptr, C, W, P);
         GPU_CHECK_LAUNCH(op);
     });
 }

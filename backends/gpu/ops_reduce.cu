@@ -48,7 +48,7 @@ void ReducePass(const KernelContext& ctx, const In* x, double* out, int64_t oute
     if (inner == 1) {
         P = std::min(std::max<int64_t>(CeilDiv(512, outer), 1), CeilDiv(R, 4096));
     } else {
-        P = std::min(std::max<int64_t>(CeilDiv(65536, nout), 1), CeilDiv(R, 256));
+        P = std::min(std::max<int64_t>(CeilDiv(131072, nout), 1), CeilDiv(R, 128));
     }
     const int64_t chunk = CeilDiv(R, P);
     if (P > 1) {

@@ -395,12 +395,42 @@ def split(x, split_size, dim=0):
         sizes = list(split_size)
     outs = [Tensor(t) for t in _call("split", [x], [dim, sizes])]
     if _needs_grad(x):
-        start, shape = 0, list(x.shape)
-        for o, s in zip(outs, sizes, strict=True):
-            b, e = start, start + s
-            _record(o, (x,), lambda g, b=b, e=e: (_run1("slice_backward", [g], [shape, dim, b, e, 1]),), "split")
-            start = e
+        # The pieces' gradients meet in one hidden node (the engine adds them, which _SplitGrads turns into
+        # collecting), whose backward joins them with one concat: not a zero-padded copy of x per piece plus adds.
+        d = dim + x.dim() if dim < 0 else dim
+        joint = _record(Tensor(x._t), (x,), lambda parts: (parts.join(x, d, sizes),), "split")
+        for i, o in enumerate(outs):
+            _record(o, (joint,), lambda g, i=i: (_SplitGrads(x.dtype, {i: g}),), "split")
     return tuple(outs)
+
+
+class _SplitGrads:
+    """Gradients of some pieces of one split, by piece index; + merges two such sets."""
+
+    __slots__ = ("dtype", "grads")
+
+    def __init__(self, dtype, grads):
+        self.dtype, self.grads = dtype, grads
+
+    def __add__(self, other):
+        for i, g in other.grads.items():
+            self.grads[i] = self.grads[i] + g if i in self.grads else g
+        return self
+
+    def to(self, dtype):
+        return _SplitGrads(dtype, {i: g.to(dtype) for i, g in self.grads.items()})
+
+    def join(self, x, dim, sizes):
+        """x's gradient: the pieces' gradients along dim, zeros for pieces that got none."""
+        parts = []
+        for i, n in enumerate(sizes):
+            g = self.grads.get(i)
+            if g is None:
+                shape = list(x.shape)
+                shape[dim] = n
+                g = zeros(*shape, dtype=self.dtype, device=x.device)
+            parts.append(g.to(self.dtype) if g.dtype != self.dtype else g)
+        return _run1("concat", parts, [dim]) if len(parts) > 1 else parts[0]
 
 
 # ---- elementwise ----

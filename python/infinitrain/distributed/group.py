@@ -6,8 +6,8 @@
 
 A group makes its communicators on first use, one per device type: the cpu's on Gloo, a device's on the
 provider's CCL (its unique id handed round through the store), or, for a provider whose CCL cannot span
-processes (sim's), staged through host memory and the group's cpu communicator. Every rank must issue the same
-collectives in the same order, as with PyTorch.
+processes (sim's) or for ranks that share a device, staged through host memory and the group's cpu communicator.
+Every rank must issue the same collectives in the same order, as with PyTorch.
 """
 
 import atexit
@@ -60,13 +60,21 @@ class ProcessGroup:
         return c
 
     def _make(self, kind, device):
-        if kind != "cpu" and not _C.ccl_spans_processes(kind):
+        if kind != "cpu" and (not _C.ccl_spans_processes(kind) or self._shares_a_device(kind, device)):
             return _C.ccl_staged(self._make_cpu(), device)
         key = f"{self.name}/uid/{kind}"
         if self.rank == 0:
             self._store.set(key, _comm.unique_id(kind))
         uid = self._store.get(key)
         return _comm.init_rank(uid, self.size, self.rank, device)
+
+    def _shares_a_device(self, kind, device):
+        """Whether two ranks of the group run on one device (same host and device): a GPU CCL takes one rank per
+        device, so such a group stages through host memory instead. Every rank answers the same."""
+        where = f"{socket.gethostname()}/{device}"
+        self._store.set(f"{self.name}/where/{kind}/{self.rank}", where.encode())
+        places = [self._store.get(f"{self.name}/where/{kind}/{r}") for r in range(self.size)]
+        return len(set(places)) < len(places)
 
     def _make_cpu(self):
         c = self._comms.get("cpu")

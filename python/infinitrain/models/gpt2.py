@@ -100,23 +100,25 @@ class GPT2(nn.Module):
             x = block(x)
         x = self.ln_f(x)
         # The head runs over the padded vocabulary: its aligned width keeps the GEMMs on the fast path.
-        logits = F.linear(x, self.wte.weight)
-        if self.config.padded_vocab_size != self.config.vocab_size:
-            if targets is None:
-                logits = logits[..., : self.config.vocab_size]
-            else:
-                logits = logits.masked_fill(self._padding_mask(), -math.inf)  # padding takes no probability
+        if self.config.padded_vocab_size == self.config.vocab_size:
+            logits = F.linear(x, self.wte.weight)
+        elif targets is None:
+            logits = F.linear(x, self.wte.weight)[..., : self.config.vocab_size]
+        else:
+            # Padding takes no probability: a -inf bias on the padded columns, added by the product itself
+            # (a separate masking pass over the logits would cost as much as the loss).
+            logits = F.linear(x, self.wte.weight, self._padding_bias())
         loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
-    def _padding_mask(self):
-        """True for the padded vocabulary columns, on the model's device (made once)."""
-        device = self.wte.weight.device
-        mask = getattr(self, "_pad_mask", None)
-        if mask is None or mask.device != device:
-            cols = np.arange(self.config.padded_vocab_size) >= self.config.vocab_size
-            mask = self._pad_mask = from_numpy(cols, device=device)
-        return mask
+    def _padding_bias(self):
+        """0 for the real vocabulary columns, -inf for the padded ones, on the model's device (made once)."""
+        w = self.wte.weight
+        bias = getattr(self, "_pad_bias", None)
+        if bias is None or bias.device != w.device or bias.dtype != w.dtype:
+            cols = np.where(np.arange(self.config.padded_vocab_size) >= self.config.vocab_size, -np.inf, 0.0)
+            bias = self._pad_bias = from_numpy(cols, device=w.device).to(w.dtype)
+        return bias
 
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, seed=0, generator=None):
         """idx [B, T] ids (a tensor, or an array) extended by max_new_tokens samples (models/sampling.py)."""
