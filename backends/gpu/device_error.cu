@@ -36,6 +36,20 @@ std::string Message(const DeviceErrorRecord& r) {
                                    : "cross_entropy_backward") +
                    ": target " + v + " at row " + std::to_string(r.position) + " is out of range [0, " + lim +
                    ") (ignore_index " + std::to_string(r.extra) + ")";
+        case IndexErrorKind::kMoeTopkBackward:
+        case IndexErrorKind::kMoePermute:
+            return std::string(static_cast<IndexErrorKind>(r.kind) == IndexErrorKind::kMoePermute
+                                   ? "moe_permute"
+                                   : "moe_topk_backward") +
+                   ": expert " + v + " at slot " + std::to_string(r.position) +
+                   " out of range (expected 0 <= expert < " + lim + ")";
+        case IndexErrorKind::kMoeUnpermute:
+        case IndexErrorKind::kMoeUnpermuteBackward:
+            return std::string(static_cast<IndexErrorKind>(r.kind) == IndexErrorKind::kMoeUnpermute
+                                   ? "moe_unpermute"
+                                   : "moe_unpermute_backward") +
+                   ": source must be a permutation of [0, " + lim + "), got " + v + " at row " +
+                   std::to_string(r.position);
         default:
             return "a GPU kernel recorded an unknown index error (kind " + std::to_string(r.kind) + ")";
     }
@@ -63,6 +77,10 @@ void RaisePendingDeviceError(int device) {
     if (!rec.flag) return;
     const DeviceErrorRecord clear{};
     MemcpyToDevice(slot, &clear, sizeof clear);
+    const IndexErrorKind kind = static_cast<IndexErrorKind>(rec.kind);
+    if (kind == IndexErrorKind::kMoeUnpermute || kind == IndexErrorKind::kMoeUnpermuteBackward) {
+        throw std::invalid_argument(Message(rec));  // as the CPU's InversePermutation
+    }
     throw std::out_of_range(Message(rec));
 }
 
