@@ -110,7 +110,7 @@ def test_bad_layouts_are_refused_before_training(tmp_path):
         (4, ["--tensor_parallel=4"], "n_head=2 is not divisible by tensor_parallel=4"),
         (4, ["--pipeline_parallel=4"], "n_layer=2 is fewer than the 4 pipeline stages"),
         (2, ["--pipeline_parallel=2", "--virtual_pipeline_parallel=2"], "n_layer=2 is fewer than the 4 pipeline"),
-        (1, ["--tensor_parallel=2"], "start the run with python -m infinitrain.run"),
+        (1, ["--tensor_parallel=2"], "--tensor_parallel: model parallelism splits the model across processes"),
         (2, ["--tensor_parallel=2", "--zero_stage=2"], "use --zero_stage=1"),
     ):
         _, p = _cli(tmp_path, "bad", n, *flags, *extra, ok=False)

@@ -146,10 +146,10 @@ def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path, c
     one_line_error(run_in_process(capsys, *base, f"--flagfile={flagfile}"), "learning_rate_typo")
     for flag, needle in (
         # Model parallelism needs processes (tests/test_parallel_cli.py runs it under the launcher).
-        ("--tensor_parallel=2", "split the model across processes: start the run with python -m infinitrain.run"),
+        ("--tensor_parallel=2", "splits the model across processes: start the run with python -m infinitrain.run"),
         ("--zero_stage=1", "shards across processes: start the run with python -m infinitrain.run"),
-        ("--sequence_parallel", "split the model across processes"),
-        ("--pipeline_parallel=2", "split the model across processes"),
+        ("--sequence_parallel", "splits the model across processes"),
+        ("--pipeline_parallel=2", "splits the model across processes"),
         ("--lora_save_path=x", "--lora_save_path needs --lora_rank"),
         ("--activation_recompute --model=mixtral", "not implemented for mixture-of-experts"),
         ("--recompute_granularity=selective", "selective"),

@@ -726,8 +726,10 @@ def parallel_layout(values, mp):
     if tp == 1 and pp == 1 and vpp == 1 and not sp:
         return None
     if not mp:
+        given = [f"--{k}" for k, v in (("tensor_parallel", tp > 1), ("sequence_parallel", sp), ("pipeline_parallel",
+                 pp > 1), ("virtual_pipeline_parallel", vpp > 1)) if v]  # fmt: skip
         raise UsageError(
-            "--tensor_parallel/--pipeline_parallel split the model across processes: start the run with python -m "
+            f"{', '.join(given)}: model parallelism splits the model across processes: start the run with python -m "
             "infinitrain.run --nproc_per_node=N (N = data x pipeline x tensor parallel sizes)"
         )
     try:
