@@ -145,10 +145,11 @@ def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path, c
     flagfile.write_text("--model=gpt2\n--learning_rate_typo=0.1\n")
     one_line_error(run_in_process(capsys, *base, f"--flagfile={flagfile}"), "learning_rate_typo")
     for flag, needle in (
-        ("--tensor_parallel=2", "tensor parallelism is not implemented yet"),
+        # Model parallelism needs processes (tests/test_parallel_cli.py runs it under the launcher).
+        ("--tensor_parallel=2", "splits the model across processes: start the run with python -m infinitrain.run"),
         ("--zero_stage=1", "shards across processes: start the run with python -m infinitrain.run"),
-        ("--sequence_parallel", "sequence parallelism"),
-        ("--pipeline_parallel=2", "pipeline parallelism"),
+        ("--sequence_parallel", "splits the model across processes"),
+        ("--pipeline_parallel=2", "splits the model across processes"),
         ("--lora_save_path=x", "--lora_save_path needs --lora_rank"),
         ("--activation_recompute --model=mixtral", "not implemented for mixture-of-experts"),
         ("--recompute_granularity=selective", "selective"),

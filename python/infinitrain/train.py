@@ -26,6 +26,7 @@ from infinitrain.data.device import DeviceLoader
 from infinitrain.data.tokens import token_file_identity
 from infinitrain.models import lora
 from infinitrain.models import registry as models_registry
+from infinitrain.parallel import shards as parallel_shards
 from infinitrain.runs import (
     METRICS_NAME,
     CheckpointDir,
@@ -126,10 +127,18 @@ flags.DEFINE_string("profile_name", "profile", "Prefix of the profiler's files i
 flags.DEFINE_integer(
     "zero_stage", 0, "ZeRO stage under infinitrain.run: 0 none, 1 optimizer state sharded, 2 gradients too.", 0, 2
 )
-flags.DEFINE_integer("tensor_parallel", 1, "Tensor parallel size: only 1 is implemented.")
-flags.DEFINE_bool("sequence_parallel", False, "Sequence parallelism: not implemented.")
-flags.DEFINE_integer("pipeline_parallel", 1, "Pipeline parallel size: only 1 is implemented.")
-flags.DEFINE_integer("virtual_pipeline_parallel", 1, "Virtual pipeline chunks: only 1 is implemented.")
+flags.DEFINE_integer(
+    "tensor_parallel", 1, "Tensor parallel size under infinitrain.run (GPT-2, LLaMA 3: heads, MLP, vocabulary).", 1
+)
+flags.DEFINE_bool("sequence_parallel", False, "Shard norms and the residual stream along the sequence (needs TP > 1).")
+flags.DEFINE_integer("pipeline_parallel", 1, "Pipeline stages under infinitrain.run (layers split by parameters).", 1)
+flags.DEFINE_integer(
+    "virtual_pipeline_parallel", 1, "Model chunks per pipeline stage (> 1: the interleaved 1F1B schedule).", 1
+)
+flags.DEFINE_enum("pipeline_schedule", "1f1b", ["1f1b", "gpipe"], "Pipeline schedule (1f1b: interleaved with vPP > 1).")
+flags.DEFINE_string(
+    "pipeline_split", "", "Layers per pipeline chunk, comma-separated in virtual-stage order (default: balanced)."
+)
 # The models' flags: --config_json, --init_from, --intermediate_size, --num_experts, --num_experts_per_tok,
 # --router_aux_loss_coef, --lora_rank, --lora_alpha, --lora_target_modules, --lora_dropout.
 models_registry.define_flags()
@@ -154,10 +163,6 @@ for _alias, _name in (
 
 # Flags of features not implemented yet: (flag, neutral values, what is missing).
 UNSUPPORTED = (
-    ("tensor_parallel", (1,), "tensor parallelism"),
-    ("sequence_parallel", (False,), "sequence parallelism"),
-    ("pipeline_parallel", (1,), "pipeline parallelism"),
-    ("virtual_pipeline_parallel", (1,), "virtual pipeline stages"),
     ("recompute_granularity", ("full", "none"), "selective activation recompute (full is)"),
     ("recompute_method", ("none", "uniform"), "block-wise recompute (uniform, one layer per region, is)"),
 )
@@ -331,9 +336,12 @@ def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data, e
     return tensors, meta
 
 
-def save_checkpoint(ckpt_dir, step, model, optimizer, loader, **kw):
+def save_checkpoint(ckpt_dir, step, model, optimizer, loader, pctx=None, **kw):
     """Saves into ckpt_dir (rank 0's; None on the other ranks of a run under the launcher, which only help
-    gather a sharded optimizer's state)."""
+    gather a sharded optimizer's state). Under tensor/pipeline parallelism every model-parallel rank writes its
+    shard (parallel/shards.py)."""
+    if pctx is not None:
+        return save_parallel_checkpoint(ckpt_dir, step, pctx, optimizer, loader, **kw)
     if isinstance(optimizer, it.distributed.ZeroRedundancyOptimizer):
         optimizer.consolidate_state_dict(to=0)
     if ckpt_dir is None:
@@ -394,13 +402,27 @@ def check_checkpoint(path, meta, *, model_name, run, run_defaults, data, allow_o
     return warnings
 
 
-def apply_checkpoint(tensors, meta, models, optimizers, loader, *, allow_other_data, load_optimizer=True):
-    """Loads model and optimizer state into every replica, and the loader and generator state; returns the step."""
-    model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    opt_tensors = {k[len("optim.") :]: v for k, v in tensors.items() if k.startswith("optim.")}
+def apply_checkpoint(
+    tensors, meta, models, optimizers, loader, *, allow_other_data, load_optimizer=True, path=None, pctx=None
+):
+    """Loads model and optimizer state into every replica, and the loader and generator state; returns the step.
+    pctx: this rank's part of a tensor/pipeline-parallel model (which loads its shard)."""
+    if "shard" in meta and pctx is None:
+        raise UsageError(
+            f"{path or 'the checkpoint'} holds one shard of a {parallel_shards.describe(meta)} run: pass the same "
+            "layout flags, or merge its shards first (python -m infinitrain.tools.merge_shards)"
+        )
     has_opt = meta["optimizer"].get("saved", True)
+    if pctx is not None:
+        model_state, opt_tensors = load_parallel_checkpoint(path, tensors, meta, pctx)
+    else:
+        model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+        opt_tensors = {k[len("optim.") :]: v for k, v in tensors.items() if k.startswith("optim.")}
     for m, opt in zip(models, optimizers, strict=True):
-        m.load_state_dict(model_state)
+        if pctx is not None:
+            m.load_shard_state_dict(model_state)
+        else:
+            m.load_state_dict(model_state)
         if has_opt and load_optimizer:
             opt.load_state_dict({**meta["optimizer"], "tensors": opt_tensors})
     if not has_opt or not load_optimizer:
@@ -429,7 +451,9 @@ def checkpoint_candidates(path):
     raise UsageError(f"--load={path}: no such checkpoint file or directory")
 
 
-def resume(candidates, ckpt_dir, models, optimizers, loader, *, where, extend=False, load_optimizer=True, **check):
+def resume(
+    candidates, ckpt_dir, models, optimizers, loader, *, where, extend=False, load_optimizer=True, pctx=None, **check
+):
     """Continues from the newest intact checkpoint of `candidates`; damaged ones in the run's own (locked)
     directory are set aside with a warning, others skipped. Returns (the step, the checkpoint's path), or (0, None)."""
     if not candidates:
@@ -455,6 +479,8 @@ def resume(candidates, ckpt_dir, models, optimizers, loader, *, where, extend=Fa
             loader,
             allow_other_data=check["allow_other_data"],
             load_optimizer=load_optimizer,
+            path=path,
+            pctx=pctx,
         )
         print(f"resumed from {path} at step {start}")
         return start, path
@@ -688,6 +714,188 @@ def parse_range(text, flag):
         raise UsageError(str(e)) from None
 
 
+# ---- tensor and pipeline parallelism (infinitrain.parallel) ------------------------------------------------------
+
+
+def parallel_layout(values, mp):
+    """The layout the parallel flags ask for (None: no model parallelism), refused when it cannot work."""
+    from infinitrain import parallel
+
+    tp, pp, vpp = values["tensor_parallel"], values["pipeline_parallel"], values["virtual_pipeline_parallel"]
+    sp = values["sequence_parallel"]
+    if tp == 1 and pp == 1 and vpp == 1 and not sp:
+        return None
+    if not mp:
+        given = [f"--{k}" for k, v in (("tensor_parallel", tp > 1), ("sequence_parallel", sp), ("pipeline_parallel",
+                 pp > 1), ("virtual_pipeline_parallel", vpp > 1)) if v]  # fmt: skip
+        raise UsageError(
+            f"{', '.join(given)}: model parallelism splits the model across processes: start the run with python -m "
+            "infinitrain.run --nproc_per_node=N (N = data x pipeline x tensor parallel sizes)"
+        )
+    try:
+        layout = parallel.make_layout(mp.world, tp, pp, vpp, sp, values["pipeline_schedule"])
+    except parallel.LayoutError as e:
+        raise UsageError(f"{e} (--tensor_parallel={tp}, --pipeline_parallel={pp}, {mp.world} processes)") from None
+    for bad, why in (
+        (values["zero_stage"] == 2, "--zero_stage=2 shards gradients inside DDP; with tensor/pipeline parallelism "
+                                    "use --zero_stage=1"),
+        (values["lora_rank"] or values["lora_load_path"], "LoRA is not implemented with tensor/pipeline parallelism"),
+        (values["precision_check"], "--precision_check records one whole model; not with tensor/pipeline parallelism"),
+        (values["activation_recompute"], "--activation_recompute is not implemented with tensor/pipeline parallelism"),
+    ):  # fmt: skip
+        if bad:
+            raise UsageError(why)
+    return layout
+
+
+def check_parallel_model(layout, config, sequence_length, accum):
+    from infinitrain import parallel
+
+    try:
+        parallel.check_model(layout, config, sequence_length, accum)
+    except parallel.LayoutError as e:
+        raise UsageError(f"{e} ({layout.describe()})") from None
+
+
+class ParallelContext:
+    """This rank's part of a tensor/pipeline-parallel run: grid, model part, engine."""
+
+    def __init__(self, grid, model, engine, full_names):
+        self.grid, self.model, self.engine, self.full_names = grid, model, engine, full_names
+        self.save_dir = ""
+
+    @property
+    def index(self):
+        return self.grid.stage * self.model.layout.tp + self.grid.tp_rank
+
+
+def make_parallel(full, layout, device, values, sequence_length, accum):
+    """Takes this rank's part of the full model (built the same on every rank, from the same seed)."""
+    from infinitrain import parallel
+
+    check_parallel_model(layout, full.config, sequence_length, accum)
+    split = None
+    if values["pipeline_split"]:
+        try:
+            split = [int(v) for v in values["pipeline_split"].split(",")]
+        except ValueError:
+            raise UsageError(
+                f"--pipeline_split={values['pipeline_split']}: expected comma-separated layer counts"
+            ) from None
+    full_names = [n for n, _ in full.named_parameters()]
+    grid = parallel.Grid(layout, device)
+    try:
+        model = parallel.ParallelModel(full, layout, grid, split=split, sequence_length=sequence_length)
+    except parallel.LayoutError as e:
+        raise UsageError(f"--pipeline_split: {e}") from None
+    return ParallelContext(grid, model, parallel.Engine(model, grid), full_names)
+
+
+def _micro_batches(loader, accum, device):
+    return [tuple(on_device(a, device) for a in next(loader)) for _ in range(accum)]
+
+
+def run_parallel_step(step, values, schedule, pctx, optimizer, loader, device, accum, autocast, prof):
+    """One optimizer step of this rank's model part: the pipeline over `accum` micro-batches, the gradients made
+    whole and clipped, the step. Returns (train loss, gradient norm, lr, ms), the same on every rank."""
+    t0 = time.time()
+    lr = schedule(step)
+    optimizer.lr = lr
+    optimizer.zero_grad()
+    it.runtime.reset_peak_memory_stats(device)
+    if values["overfit_single_batch"]:
+        loader.load_state_dict({"epoch": 0, "position": 0})
+    mark = prof.mark if prof is not None else (lambda name: _nullcontext())
+    mbs = _micro_batches(loader, accum, device)
+    with mark("forward-backward"), it.amp.autocast(device, dtype="bfloat16", enabled=autocast):
+        loss = pctx.engine.forward_backward(mbs)
+    with mark("optimizer"):
+        norm = pctx.engine.finish_gradients(values["grad_clip"] or None)
+        optimizer.step()
+    return loss.item(), norm.item(), lr, (time.time() - t0) * 1000
+
+
+@it.no_grad()
+def evaluate_parallel(pctx, loader, device, batches, autocast=False):
+    """Mean loss over the first `batches` batches of `loader` (this replica's rows), forward through the pipeline,
+    averaged over the replicas (every rank takes part)."""
+    loader.load_state_dict({"epoch": 0, "position": 0})
+    inner = loader
+    while not hasattr(inner, "batches_per_epoch"):  # a DeviceLoader or RankRows around the DataLoader
+        inner = inner.loader
+    n = min(batches, inner.batches_per_epoch)
+    with it.amp.autocast(device, dtype="bfloat16", enabled=autocast):
+        loss = pctx.engine.forward_backward(_micro_batches(loader, n, device), forward_only=True)
+    return loss.item()
+
+
+def save_parallel_checkpoint(ckpt_dir, step, pctx, optimizer, loader, *, model_name, run, data, extra,
+                             with_optimizer=True):  # fmt: skip
+    """Every model-parallel rank of the first replica writes its shard beside rank 0's main file, which rank 0
+    writes last (so a main file's shards exist); shards of rotated-out checkpoints are removed."""
+    grid = pctx.grid
+    if isinstance(optimizer, it.distributed.ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=grid.dp.ranks[0])
+    path = None
+    main = os.path.join(pctx.save_dir, f"ckpt_{step:08d}.bin")
+    layout = parallel_shards.layout_meta(pctx.model.layout)
+    if grid.dp_rank == 0:
+        opt = optimizer.state_dict()
+        tensors, shard = parallel_shards.shard_tensors(pctx.model, opt, grid, with_optimizer)
+        if shard["index"] != 0:
+            it.checkpoint.save(
+                parallel_shards.shard_path(main, shard["index"]), tensors, {"shard": shard, "layout": layout}
+            )
+    it.distributed.barrier()
+    if ckpt_dir is not None:
+        meta = {
+            "step": step,
+            "optimizer": {"step": opt["step"], "lr": opt["lr"], "saved": with_optimizer},
+            "loader": loader.state_dict(),
+            "generator": it.random.default_generator.get_state(),
+            "model": model_name,
+            "run": run,
+            "data": data,
+            **extra,
+            "shard": shard,
+            "layout": layout,
+        }
+        path = ckpt_dir.save(step, tensors, meta)
+        import glob
+
+        for f in glob.glob(os.path.join(ckpt_dir.directory, "ckpt_*.bin.shard*")):
+            if not os.path.exists(f.rsplit(".shard", 1)[0]):
+                os.remove(f)
+    it.distributed.barrier()
+    return path
+
+
+def load_parallel_checkpoint(path, tensors, meta, pctx):
+    """(model part, optimizer tensors) of this rank from a checkpoint: its shard of one saved in this layout, or
+    its parts of a plain (single-device or merged) one."""
+    if "shard" not in meta:
+        try:
+            return parallel_shards.from_plain(pctx.model, pctx.grid, tensors, pctx.full_names)
+        except KeyError as e:
+            raise UsageError(f"{path}: {e.args[0]}") from None
+    saved, now = meta["layout"], parallel_shards.layout_meta(pctx.model.layout)
+    if {k: saved[k] for k in ("tp", "pp", "vpp")} != {k: now[k] for k in ("tp", "pp", "vpp")}:
+        raise UsageError(
+            f"{path} holds shards of a {parallel_shards.describe(meta)} run, this run is "
+            f"{json.dumps(now, sort_keys=True)}: merge the shards first (python -m infinitrain.tools.merge_shards) "
+            "to load them into another layout"
+        )
+    if pctx.index != 0:
+        shard_file = parallel_shards.shard_path(path, pctx.index)
+        try:
+            tensors, smeta = it.checkpoint.load(shard_file)
+        except (OSError, ValueError) as e:
+            raise TrainError(f"{shard_file}: cannot read this rank's shard: {e}") from None
+    model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+    opt_tensors = {k[len("optim.") :]: v for k, v in tensors.items() if k.startswith("optim.")}
+    return model_state, opt_tensors
+
+
 # ---- main -----------------------------------------------------------------------------------------------------
 
 
@@ -719,6 +927,7 @@ def train_from_values(values, run_defaults, present=()):
         )
     if values["zero_stage"] and not mp:
         raise UsageError("--zero_stage shards across processes: start the run with python -m infinitrain.run")
+    layout = parallel_layout(values, mp)
     names = values["devices"].split(",") if values["devices"] else [values["device"]]
     if mp:
         if not it.distributed.is_initialized():
@@ -737,10 +946,10 @@ def train_from_values(values, run_defaults, present=()):
     if n > 1 and not it.distributed.has_ccl(devices[0]):
         raise UsageError(f"--devices: {devices[0]} has no collective library, so no data-parallel training")
     B, T = values["batch_size"], values["sequence_length"]
-    replicas = n * (mp.world if mp else 1)
+    replicas = layout.dp if layout else n * (mp.world if mp else 1)
     total = values["total_batch_size"] or B * T * replicas
     if total % (B * T * replicas):
-        what = "processes" if mp else "devices"
+        what = "data-parallel ranks" if layout else "processes" if mp else "devices"
         raise UsageError(
             f"--total_batch_size={total} must be a multiple of batch_size*sequence_length*{what}={B * T * replicas}"
         )
@@ -800,7 +1009,7 @@ def train_from_values(values, run_defaults, present=()):
             return train(
                 values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, metrics, run_dir, stop,
                 prec_cfg=prec_cfg if lead else None, profile_steps=profile_steps if lead else None, present=present,
-                mp=mp,
+                mp=mp, layout=layout,
             )  # fmt: skip
     finally:
         for f in (log, metrics, ckpt_dir):
@@ -843,14 +1052,16 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
     train_path, val_path, tokenizer, kind = resolve_data(values)
     mp = opts.get("mp")
     world, rank = (mp.world, mp.rank) if mp else (1, 0)
+    layout = opts.get("layout")
+    rows = layout.dp if layout else n * world  # rows of B per micro-batch in the loader's global batch
 
     it.manual_seed(values["seed"])
     # One loader feeds every replica: each micro-batch has B rows per device (and per process: every process
     # reads the global batch and takes its rows, so the run sees the data one process on all of it would).
-    loader = open_tokens("--input_bin", train_path, B * n * world, T, shuffle=True, seed=values["seed"])
+    loader = open_tokens("--input_bin", train_path, B * rows, T, shuffle=True, seed=values["seed"])
     val_loader = None
     if val_path and (values["val_loss_every"] or values["input_val_bin"]):  # an explicit file is checked even if unused
-        val_loader = open_tokens("--input_val_bin", val_path, B * n * world, T, shuffle=False)
+        val_loader = open_tokens("--input_val_bin", val_path, B * rows, T, shuffle=False)
     vocab, vocab_from = values["vocab_size"], "--vocab_size"
     if vocab is None and tokenizer is not None:
         vocab = tokenizer.vocab_size
@@ -877,6 +1088,8 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
         )
     except model_registry.ModelChoiceError as e:
         raise UsageError(str(e)) from None
+    if layout and spec.fields:  # the layout against the model's shape, before anything is built
+        check_parallel_model(layout, spec.family.config(spec.fields), T, accum)
     lora_cfg = lora_settings(values, spec.family.name, present)
     try:
         models, params = build_models(spec, devices, lambda m: apply_lora(m, spec.family.name, lora_cfg))
@@ -884,6 +1097,11 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
         raise UsageError(" ".join(str(e).split())) from None
     model = models[0]
     config = model_registry.config_dict(model)
+    n_params = model.num_parameters()
+    pctx = None
+    if layout:
+        pctx = make_parallel(model, layout, devices[0], values, T, accum)
+        models, params, model = [pctx.model], [list(pctx.model.parameters())], pctx.model
     model_vocab = model.config.vocab_size
     what = f"--llmc_filepath={values['llmc_filepath']}" if values["llmc_filepath"] else spec.vocab_from or vocab_from
     for path, ld in ((train_path, loader), (val_path, val_loader)):
@@ -896,7 +1114,15 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             f"warning: no samples: the tokenizer's {tokenizer.vocab_size} tokens do not cover the model's {model_vocab}"
         )
         tokenizer = None
-    if mp:
+    if layout:
+        # Each replica reads its rows; every rank evaluates them (the pipeline needs all its stages); no samples.
+        loader = RankRows(loader, pctx.grid.dp_rank * B, B)
+        if val_loader is not None:
+            val_loader = RankRows(val_loader, pctx.grid.dp_rank * B, B)
+        if tokenizer is not None and values["freq_generate_txt"]:
+            print("note: no samples under tensor/pipeline parallelism (merge a checkpoint and sample from it)")
+        tokenizer = None
+    elif mp:
         loader = RankRows(loader, rank * B, B)
         if rank != 0:
             val_loader = tokenizer = None  # rank 0 evaluates (the whole global batch) and samples
@@ -910,10 +1136,14 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
         for m in models:
             recompute.enable(m, spec.family.blocks(m))
     ddp = None
-    if mp:
+    if mp and not layout:
         # Experts that this rank's tokens never reached have no gradient: counted as zero.
         ddp = it.distributed.DistributedDataParallel(model, find_unused_parameters=True)
-    if values["zero_stage"]:
+    if layout and values["zero_stage"] and layout.dp > 1:
+        cls, kwargs = optimizer_choice(values)  # ZeRO-1 across the data-parallel group of this model part
+        zero = it.distributed.ZeroRedundancyOptimizer
+        optimizers = [zero(params[0], cls, process_group=pctx.grid.dp, stage=1, **kwargs)]
+    elif values["zero_stage"] and not layout:
         cls, kwargs = optimizer_choice(values)
         stage = values["zero_stage"]
         zero = it.distributed.ZeroRedundancyOptimizer
@@ -921,7 +1151,7 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
     else:
         optimizers = [make_optimizer(p, values) for p in params]
     comms = it.distributed.init_all(devices) if n > 1 else None
-    run = run_settings(values, n * world, config)
+    run = run_settings(values, layout.dp if layout else n * world, config)
     data = token_file_identity(train_path)
     family = spec.family.name
     tok_name = values["tokenizer_bin"] or ("byte" if isinstance(tokenizer, ByteTokenizer) else "")
@@ -930,6 +1160,9 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
         extra["lora"] = lora_checkpoint_config(model)
     ckpt_args = {"model_name": family, "run": run, "data": data, "extra": extra}
     ckpt_args["with_optimizer"] = values["save_optimizer_state"]
+    ckpt_args["pctx"] = pctx
+    if pctx:
+        pctx.save_dir = values["save"]
 
     start = 0
     check = {"model_name": family, "run": run, "run_defaults": run_defaults, "data": data}
@@ -941,14 +1174,15 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
         if path:
             tensors, meta = read_checkpoint(path)
             start = apply_checkpoint(tensors, meta, models, optimizers, loader,
-                                     allow_other_data=values["allow_other_data"], load_optimizer=load_opt)  # fmt: skip
+                                     allow_other_data=values["allow_other_data"], load_optimizer=load_opt,
+                                     path=path, pctx=pctx)  # fmt: skip
     elif values["resume"]:
         start, path = resume(ckpt_dir.checkpoints(), ckpt_dir, models, optimizers, loader, where=ckpt_dir.directory,
-                             load_optimizer=load_opt, **check)  # fmt: skip
+                             load_optimizer=load_opt, pctx=pctx, **check)  # fmt: skip
     elif values["load"]:
         candidates = checkpoint_candidates(values["load"])
         start, path = resume(candidates, ckpt_dir, models, optimizers, loader, where=values["load"], extend=True,
-                             load_optimizer=load_opt, **check)  # fmt: skip
+                             load_optimizer=load_opt, pctx=pctx, **check)  # fmt: skip
     if mp and rank == 0 and (values["resume"] or values["load"]):
         it.distributed.default_store().set("train/resume", (path or "").encode())
     if values["load"]:
@@ -958,13 +1192,15 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             )
     check_step_flags(values, opts.get("profile_steps"), opts.get("prec_cfg"), start, num_iteration)
     where = f"devices {','.join(devices)}" if n > 1 else f"device {device}"
+    replicas = f"{layout.dp} data-parallel replicas" if layout else f"{world} processes"
     if mp:
         zero = f", ZeRO-{values['zero_stage']}" if values["zero_stage"] else ""
-        where += f" (rank 0 of {world} processes{zero})"
+        grid = f" as {layout.describe()}" if layout else ""
+        where += f" (rank 0 of {world} processes{grid}{zero})"
     header = (
-        f"model {values['model']} ({family}): {model.num_parameters() / 1e6:.2f}M parameters | {where} | "
+        f"model {values['model']} ({family}): {n_params / 1e6:.2f}M parameters | {where} | "
         f"dtype {values['dtype']} | "
-        f"batch {B}x{T}{f' x {n} devices' if n > 1 else ''}{f' x {world} processes' if mp else ''}, "
+        f"batch {B}x{T}{f' x {n} devices' if n > 1 else ''}{f' x {replicas}' if mp else ''}, "
         f"accumulation {accum} | {num_iteration} steps | "
         f"data {train_path}"
     )
@@ -983,7 +1219,8 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             "model": values["model"],
             "family": family,
             "model_config": config,
-            "parameters": model.num_parameters(),
+            "parameters": n_params,
+            "layout": parallel_shards.layout_meta(layout) if layout else None,
             "tokens_per_step": total,
             "accumulation": accum,
             "data": train_path,
@@ -1022,10 +1259,15 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
                 prof = it.profiler.profile().__enter__()
             mark = prof.mark(f"step {step + 1}") if prof is not None else _nullcontext()
             with mark:
-                train_loss, norm, lr, ms = run_step(
-                    step, values, schedule, models, params, optimizers, loader, devices, accum, autocast, comms,
-                    recorder, prof, ddp,
-                )  # fmt: skip
+                if pctx:
+                    train_loss, norm, lr, ms = run_parallel_step(
+                        step, values, schedule, pctx, optimizers[0], loader, devices[0], accum, autocast, prof
+                    )
+                else:
+                    train_loss, norm, lr, ms = run_step(
+                        step, values, schedule, models, params, optimizers, loader, devices, accum, autocast, comms,
+                        recorder, prof, ddp,
+                    )  # fmt: skip
             if prof is not None and step + 1 == max(profile_steps):
                 prof.__exit__(None, None, None)
                 write_profile(prof, run_dir, values["profile_name"], profile_steps)
@@ -1056,7 +1298,11 @@ def train(values, run_defaults, devices, accum, total, schedule, ckpt_dir, log, 
             pause = prof.pause if prof is not None else _nullcontext  # profiles hold training steps only
             if val_loader is not None and every_val and (done % every_val == 0 or done == num_iteration):
                 with pause():
-                    record["val_loss"] = evaluate(model, val_loader, device, values["val_batches"], autocast)
+                    if pctx:
+                        record["val_loss"] = evaluate_parallel(pctx, val_loader, device, values["val_batches"],
+                                                               autocast)  # fmt: skip
+                    else:
+                        record["val_loss"] = evaluate(model, val_loader, device, values["val_batches"], autocast)
                 progress.clear()
                 print(f"step {done} | val loss {record['val_loss']:.6f}")
                 log.write(f"step {done} | val loss {record['val_loss']:.6f}")
