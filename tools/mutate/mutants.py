@@ -132,7 +132,7 @@ MUTANTS = [
         "--weight_decay ignored",
         TRAIN,
     ),
-    Mutant("P12", TRAIN_PY, 'values["grad_clip"] or None', "None", "--grad_clip ignored", TRAIN),
+    Mutant("P12", TRAIN_PY, 'clip = values["grad_clip"] or None', "clip = None", "--grad_clip ignored", TRAIN),
     Mutant(
         "P13",
         TRAIN_PY,
