@@ -23,6 +23,16 @@ TOL = {
 _C.set_poison_outputs(True)
 
 
+def repo_file(rel):
+    """Path of the repository file `rel`: in Bazel's runfiles (the working directory of a test), or the checkout
+    beside tests/."""
+    for base in (os.getcwd(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")):
+        path = os.path.join(base, rel)
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(rel)
+
+
 def rng():
     """A fresh, unseeded generator: every run draws new inputs."""
     return np.random.default_rng()

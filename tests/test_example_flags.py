@@ -10,20 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from harness import DEVICE, rng
+from harness import DEVICE, repo_file, rng
 from infinitrain.data import write_tokens
 from infinitrain.runs import read_metrics
 
-_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FILES = {"gpt2": "examples/gpt2/train.flags", "llama3": "examples/llama3/train.flags"}
-
-
-def _find(rel):
-    for base in (os.getcwd(), _ROOT):  # Bazel's runfiles, or the checkout
-        path = os.path.join(base, rel)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(rel)
 
 
 def file_flags(path):
@@ -37,16 +28,16 @@ def file_flags(path):
 
 
 def test_readme_names_the_shipped_flag_files():
-    text = open(_find("README.md")).read()
+    text = open(repo_file("README.md")).read()
     named = sorted(set(re.findall(r"--flagfile=(\S+\.flags)", text)))
     assert named == sorted(FILES.values()), named
     for rel in named:
-        _find(rel)
+        repo_file(rel)
 
 
 @pytest.mark.parametrize("family", sorted(FILES))
 def test_example_flag_file_parses_and_starts(family, tmp_path):
-    path = _find(FILES[family])
+    path = repo_file(FILES[family])
     flags = file_flags(path)
     assert flags["model"] == family and flags["zero_stage"] == "0"
     tokens = tmp_path / "tiny.bin"

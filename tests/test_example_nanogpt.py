@@ -9,18 +9,12 @@ import sys
 
 import numpy as np
 
-from harness import DEVICE, rng
+from harness import DEVICE, repo_file, rng
 from infinitrain.data import write_tokens
-
-_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def _script():
-    for base in (os.getcwd(), _ROOT):  # Bazel's runfiles, or the checkout
-        path = os.path.join(base, "examples", "nanogpt", "train.py")
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError("examples/nanogpt/train.py")
+    return repo_file("examples/nanogpt/train.py")
 
 
 def _run(*args):

@@ -12,19 +12,10 @@ import sys
 
 import numpy as np
 
-from harness import DEVICE
+from harness import DEVICE, repo_file
 
 TYPE = DEVICE.split(":")[0]
-_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 MATRIX = "examples/parallel/run_matrix.json"
-
-
-def _find(rel):
-    for base in (os.getcwd(), _ROOT):  # Bazel's runfiles, or the checkout
-        path = os.path.join(base, rel)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(rel)
 
 
 def _env():
@@ -57,12 +48,12 @@ def _cli(tmp_path, name, n, *flags, ok=True):
 
 def test_run_matrix_fp32(tmp_path):
     data, _ = _tokens(tmp_path)
-    cmd = [sys.executable, "-m", "infinitrain.tools.run_matrix", f"--matrix={_find(MATRIX)}", f"--device={TYPE}",
+    cmd = [sys.executable, "-m", "infinitrain.tools.run_matrix", f"--matrix={repo_file(MATRIX)}", f"--device={TYPE}",
            "--dtypes=float32", f"--input_bin={data}", f"--workdir={tmp_path / 'matrix'}"]  # fmt: skip
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr[-5000:]
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| ") and "float32" in ln]
-    matrix = json.load(open(_find(MATRIX)))
+    matrix = json.load(open(repo_file(MATRIX)))
     assert len(rows) == len(matrix["runs"]) * len(matrix["models_per_run"]), p.stdout
     assert all("| ok " in r for r in rows), p.stdout
     assert "14 of 14 runs equal the single-device curve" in p.stdout

@@ -5,16 +5,12 @@ import re
 import subprocess
 import sys
 
-_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+from harness import repo_file
 
 
 def _readme():
-    for base in (os.getcwd(), _ROOT):  # Bazel's runfiles, or the checkout
-        path = os.path.join(base, "README.md")
-        if os.path.exists(path):
-            with open(path) as f:
-                return f.read()
-    raise FileNotFoundError("README.md")
+    with open(repo_file("README.md")) as f:
+        return f.read()
 
 
 def test_readme_python_example_runs_as_written(tmp_path):

@@ -41,8 +41,7 @@ __global__ void SdpaSoftmaxKernel(C* __restrict__ scores, C* __restrict__ lse, i
     const int per_block = kBlock ? 1 : blockDim.x / kGroup;
     const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
     const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t r = base + sub;
         const bool valid = r < rows;
         C* row = scores + (valid ? r : 0) * S;

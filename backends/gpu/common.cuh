@@ -37,6 +37,13 @@ inline unsigned Blocks(int64_t n, int threads = kThreads) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// Grid-stride loop over rows, per_block rows a block (one per 32-lane group, or 1 for a block per row), in steps
+// the whole block takes together: every thread runs the same iterations, so a group whose row `base + group` is
+// past the end still joins its hardware warp's shuffles and block barriers (it must skip loads and stores).
+#define GPU_BLOCK_ROWS_LOOP(base, rows, per_block)                                     \
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * (per_block); base < (rows); \
+         base += static_cast<int64_t>(gridDim.x) * (per_block))
+
 // Runs after every launch: turns a failed launch into an exception naming the op.
 #define GPU_CHECK_LAUNCH(op) ::infinitrain::gpu::CheckLaunch(op)
 

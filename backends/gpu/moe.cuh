@@ -76,8 +76,7 @@ __global__ void MoeTopkKernel(const T* __restrict__ logits, Acc<T>* __restrict__
     extern __shared__ uint8_t moe_taken[];  // E bytes per group when taken is null
     const int lane = threadIdx.x % kGroup;
     const int64_t per_block = blockDim.x / kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < N;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, N, per_block) {
         const int64_t row = base + threadIdx.x / kGroup;
         const bool live = row < N;
         const int64_t r = live ? row : 0;
@@ -141,8 +140,7 @@ __global__ void MoeTopkBackwardKernel(const T* __restrict__ logits, const int64_
                                       int64_t k, bool normalize, DeviceErrorRecord* err) {
     const int lane = threadIdx.x % kGroup;
     const int64_t per_block = blockDim.x / kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < N;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, N, per_block) {
         const int64_t row = base + threadIdx.x / kGroup;
         const bool live = row < N;
         const int64_t r = live ? row : 0;
@@ -343,8 +341,7 @@ __global__ void MoeCombineBackwardDwKernel(const T* __restrict__ grad, const T* 
                                            int64_t C, int64_t k) {
     const int lane = threadIdx.x % kGroup;
     const int64_t per_block = blockDim.x / kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < S;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, S, per_block) {
         const int64_t slot = base + threadIdx.x / kGroup;
         const bool live = slot < S;
         const int64_t s = live ? slot : 0, r = pos[s];

@@ -92,8 +92,7 @@ __global__ void SoftmaxRowsKernel(const T* __restrict__ x, T* __restrict__ y, in
     const int per_block = kBlock ? 1 : blockDim.x / kGroup;
     const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
     const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t row = base + sub;
         const int64_t n = row < rows ? len : 0;  // a group past the end still joins its warp's shuffles
         const int64_t r = row < rows ? row : 0;
@@ -111,8 +110,7 @@ __global__ void SoftmaxBackwardRowsKernel(const T* __restrict__ y, const T* __re
     const int per_block = kBlock ? 1 : blockDim.x / kGroup;
     const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
     const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t row = base + sub;
         const int64_t n = row < rows ? len : 0;
         const int64_t r = (row < rows ? row : 0) * len;
@@ -266,8 +264,7 @@ __global__ void NormForwardGroupKernel(const T* __restrict__ x, const T* __restr
     using V = Acc<T>;
     const int lane = threadIdx.x % kGroup;
     const int64_t per_block = blockDim.x / kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t r = base + threadIdx.x / kGroup;
         const bool live = r < rows;
         const T* xr = x + (live ? r : 0) * C;
@@ -315,8 +312,7 @@ __global__ void NormBackwardGroupKernel(const T* __restrict__ g, const T* __rest
     using V = Acc<T>;
     const int lane = threadIdx.x % kGroup;
     const int64_t per_block = blockDim.x / kGroup;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t r = base + threadIdx.x / kGroup;
         const bool live = r < rows;
         const int64_t rr = live ? r : 0;

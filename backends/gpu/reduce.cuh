@@ -49,8 +49,7 @@ template <RedKind K, typename In>
 __global__ void RowGroupReduceKernel(const In* __restrict__ x, double* __restrict__ out, int64_t rows, int64_t R) {
     const int lane = threadIdx.x % kGroup, group = threadIdx.x / kGroup, per_block = blockDim.x / kGroup;
     const RedOp<K> op;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t row = base + group;
         double acc = RedOp<K>::Identity();
         if (row < rows) {
@@ -147,8 +146,7 @@ __global__ void ArgmaxRowKernel(const T* __restrict__ x, int64_t* __restrict__ o
     const int per_block = kBlockPerRow ? 1 : groups;
     const int width = kBlockPerRow ? blockDim.x : kGroup;
     const int pos = kBlockPerRow ? threadIdx.x : lane;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * per_block; base < rows;
-         base += static_cast<int64_t>(gridDim.x) * per_block) {
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t row = base + (kBlockPerRow ? 0 : group);
         V best = -INFINITY;
         int64_t bi = std::numeric_limits<int64_t>::max();

@@ -9,6 +9,7 @@ precision checker and a profiler. Flags follow InfiniTrain's; an InfiniTrain `tr
 
 # Only main() reads FLAGS; every helper takes what it needs as arguments.
 
+import glob
 import json
 import math
 import os
@@ -323,7 +324,12 @@ def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data, e
     opt = optimizer.state_dict()
     if with_optimizer:
         tensors.update({f"optim.{k}": v for k, v in opt["tensors"].items()})
-    meta = {
+    return tensors, checkpoint_meta(step, opt, loader, model_name, run, data, extra, with_optimizer)
+
+
+def checkpoint_meta(step, opt, loader, model_name, run, data, extra, with_optimizer):
+    """A checkpoint's metadata, from the optimizer's state dict `opt`."""
+    return {
         "step": step,
         "optimizer": {"step": opt["step"], "lr": opt["lr"], "saved": with_optimizer},
         "loader": loader.state_dict(),
@@ -333,7 +339,6 @@ def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data, e
         "data": data,
         **extra,
     }
-    return tensors, meta
 
 
 def save_checkpoint(ckpt_dir, step, model, optimizer, loader, pctx=None, **kw):
@@ -848,21 +853,9 @@ def save_parallel_checkpoint(ckpt_dir, step, pctx, optimizer, loader, *, model_n
             )
     it.distributed.barrier()
     if ckpt_dir is not None:
-        meta = {
-            "step": step,
-            "optimizer": {"step": opt["step"], "lr": opt["lr"], "saved": with_optimizer},
-            "loader": loader.state_dict(),
-            "generator": it.random.default_generator.get_state(),
-            "model": model_name,
-            "run": run,
-            "data": data,
-            **extra,
-            "shard": shard,
-            "layout": layout,
-        }
+        meta = checkpoint_meta(step, opt, loader, model_name, run, data, extra, with_optimizer)
+        meta.update(shard=shard, layout=layout)
         path = ckpt_dir.save(step, tensors, meta)
-        import glob
-
         for f in glob.glob(os.path.join(ckpt_dir.directory, "ckpt_*.bin.shard*")):
             if not os.path.exists(f.rsplit(".shard", 1)[0]):
                 os.remove(f)

@@ -270,6 +270,15 @@ def _load_gloo():
         _state["flush_at_exit"] = True
 
 
+def flush_sends():
+    """Blocks until the receivers have taken every cpu send of this process (a send returns once buffered);
+    nothing to wait for while no cpu group has been made."""
+    if _state.get("flush_at_exit"):
+        from infinitrain import _gloo
+
+        _gloo.flush_sends()
+
+
 def is_initialized():
     return _state["world"] is not None
 

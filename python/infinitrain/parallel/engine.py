@@ -19,17 +19,10 @@ and the peak memory the step allocated above what it started with.
 from infinitrain import autograd, runtime
 from infinitrain import functional as F
 from infinitrain.distributed.collectives import all_reduce, recv, send
+from infinitrain.distributed.group import flush_sends
 from infinitrain.optim import optimizers as _optim
 from infinitrain.parallel.schedules import schedule
 from infinitrain.tensor import empty, zeros
-
-
-def _flush_sends():
-    try:
-        from infinitrain import _gloo
-    except ImportError:
-        return
-    _gloo.flush_sends()
 
 
 def _flat_all_reduce(tensors, op, group):
@@ -124,7 +117,7 @@ class Engine:
                         self._send("grad", (v - 1) % pp, inp.grad)
                     del inp, out
         if pp > 1:
-            _flush_sends()
+            flush_sends()
         self.stats = {
             "in_flight": peak_live,
             "peak_bytes": runtime.max_memory_allocated(self.device) - base,
