@@ -63,7 +63,9 @@ ALL = ["gpt2", "llama3", "mixtral", "qwen3", "qwen3_lora"]
 @pytest.mark.parametrize("kind", ALL)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_loss_falls_in_20_steps(kind, dtype):
-    _, losses = train(kind, 20, batch(), dtype=dtype)
+    # GPT-2 at lr 1e-2 diverged in 2 of 40 phrases (loss ~11 at step 20, float32 and bfloat16 alike); at 5e-3
+    # none did in 40 (worst 0.28 of the first loss).
+    _, losses = train(kind, 20, batch(), dtype=dtype, lr=5e-3 if kind == "gpt2" else 1e-2)
     # Small init: near-uniform predictions (Mixtral's loss adds 0.02 x its balancing loss, about k = 2).
     assert losses[0] == pytest.approx(np.log(V) + (0.04 if kind == "mixtral" else 0.0), abs=0.3)
     # LoRA moves a random base slowly (frozen tied embeddings): 20 steps end at 0.83-0.90 of the first loss (24
