@@ -56,6 +56,8 @@ RULE(SwiGluBackward);
 RULE(Rope);
 RULE(Sdpa);
 RULE(SdpaBackward);
+RULE(SdpaBthd);
+RULE(SdpaBthdBackward);
 RULE(CrossEntropy);
 RULE(CrossEntropyBackward);
 RULE(AdamW);
@@ -158,6 +160,8 @@ extern const OpDef kOpTable[] = {
 {"rope(x, cos, sin; inverse: int) -> out",                                      F, kF,   "rope",               Rope,               "rotates pairs (x[2i], x[2i+1]) of x [B, T, H, D] by angle[t, i] given cos, sin [T, D/2] (float32, float64 for float64 x); inverse=1 rotates by -angle"},
 {"sdpa(q, k, v; causal: int, scale: float) -> (out, lse)",                      F, kF,   "sdpa_backward",      Sdpa,               "softmax(q k^T * scale [+ causal mask]) v; q [B, Hq, T, D], k, v [B, Hkv, S, D], Hq % Hkv == 0 (grouped-query heads); lse [B, Hq, T] in float32 (float64 for float64 inputs)"},
 {"sdpa_backward(grad, q, k, v, out, lse; causal: int, scale: float) -> (dq, dk, dv)", F, kF, "",               SdpaBackward,       "gradients of sdpa from its saved out and lse"},
+{"sdpa_bthd(q, k, v; causal: int, scale: float) -> (out, lse)",                 F, kF,   "sdpa_bthd_backward", SdpaBthd,           "sdpa in the layout of the projections: q, out [B, T, Hq, D], k, v [B, S, Hkv, D] (no transposes around it); lse [B, Hq, T]"},
+{"sdpa_bthd_backward(grad, q, k, v, out, lse; causal: int, scale: float) -> (dq, dk, dv)", F, kF, "",          SdpaBthdBackward,   "gradients of sdpa_bthd from its saved out and lse"},
 {"cross_entropy(logits, target: int64; ignore_index: int) -> (loss, lse)",      F, kF,   "cross_entropy_backward", CrossEntropy,   "mean over rows with target != ignore_index of lse(logits) - logits[target]; logits [N, V], target [N]; loss 0-d and lse [N] in float32 (float64 for float64 logits)"},
 {"cross_entropy_backward(logits, target: int64, lse, grad; ignore_index: int) -> dlogits", F, kF, "",           CrossEntropyBackward, "grad * (softmax(logits) - onehot(target)) / count, zero on ignored rows"},
 // ---- mixture of experts (dropless routing) ----
@@ -627,28 +631,28 @@ RULE(Rope) {
     return {{in[0].shape(), in[0].dtype()}};
 }
 
-// q, k, v of sdpa (and of its backward, at `first`).
-Out SdpaShapes(const char* op, const In& in, size_t first, const Attrs& a) {
+// q, k, v of sdpa (and of its backward, at `first`); `bthd`: the tensors are [B, T, H, D], not [B, H, T, D].
+Out SdpaShapes(const char* op, const In& in, size_t first, const Attrs& a, bool bthd = false) {
     const Tensor &q = in[first], &k = in[first + 1], &v = in[first + 2];
     if (!IsFloat(q.dtype())) OpError(op, std::string("q must be a float tensor, got ") + DataTypeName(q.dtype()));
     for (const Tensor* t : {&q, &k, &v}) CheckRank(op, *t, 4, "q, k and v");
     CheckSameDtype(op, q, k);
     CheckSameDtype(op, q, v);
     CheckSameShape(op, k, v, "k and v");
+    const int h = bthd ? 2 : 1, t = bthd ? 1 : 2;  // head and sequence dims
     const Shape& qs = q.shape();
     const Shape& ks = k.shape();
-    if (qs[0] != ks[0] || qs[3] != ks[3] || ks[1] == 0 || qs[1] % ks[1] != 0) {
+    if (qs[0] != ks[0] || qs[3] != ks[3] || ks[h] == 0 || qs[h] % ks[h] != 0) {
         OpError(op, "q " + ShapeToString(qs) + " and k " + ShapeToString(ks) +
-                        " must share batch and head dim, with q heads a multiple of k heads");
+                        " must share batch and head dim, with q heads a multiple of k heads" +
+                        (bthd ? " (layout [B, T, H, D])" : ""));
     }
-    if (Int(a, 0) && qs[2] != ks[2]) OpError(op, "causal attention needs equal query and key lengths");
-    return {{qs, q.dtype()}, {Shape{qs[0], qs[1], qs[2]}, StatType(q.dtype())}};
+    if (Int(a, 0) && qs[t] != ks[t]) OpError(op, "causal attention needs equal query and key lengths");
+    return {{qs, q.dtype()}, {Shape{qs[0], qs[h], qs[t]}, StatType(q.dtype())}};
 }
 
-RULE(Sdpa) { return SdpaShapes(op, in, 0, a); }
-
-RULE(SdpaBackward) {
-    Out fwd = SdpaShapes(op, in, 1, a);
+Out SdpaBackwardShapes(const char* op, const In& in, const Attrs& a, bool bthd) {
+    Out fwd = SdpaShapes(op, in, 1, a, bthd);
     CheckSameShape(op, in[0], in[1], "grad and q");
     CheckSameShape(op, in[4], in[1], "out and q");
     CheckSameDtype(op, in[0], in[1]);
@@ -657,6 +661,11 @@ RULE(SdpaBackward) {
     CheckDtype(op, in[5], fwd[1].dtype, "lse");
     return {{in[1].shape(), in[1].dtype()}, {in[2].shape(), in[2].dtype()}, {in[3].shape(), in[3].dtype()}};
 }
+
+RULE(Sdpa) { return SdpaShapes(op, in, 0, a); }
+RULE(SdpaBackward) { return SdpaBackwardShapes(op, in, a, false); }
+RULE(SdpaBthd) { return SdpaShapes(op, in, 0, a, true); }
+RULE(SdpaBthdBackward) { return SdpaBackwardShapes(op, in, a, true); }
 
 RULE(CrossEntropy) {
     CheckRank(op, in[0], 2, "logits");

@@ -43,6 +43,7 @@ def inputs_for(name, dtype):
         "swiglu_backward": ([f(3, 17), f(3, 17), f(3, 17)], []),
         "rope": ([f(B, T, 3, D), cos, sin], [int(g.integers(0, 2))]),
         "sdpa": ([q, k, v], [1, 0.35]),
+        "sdpa_bthd": ([f(B, T, H, D), f(B, T, Hkv, D), f(B, T, Hkv, D)], [1, 0.35]),
         "cross_entropy": ([f(N, V), tgt], [-100]),
     }
     if name in table:
@@ -54,6 +55,10 @@ def inputs_for(name, dtype):
     if name == "sdpa_backward":
         out, lse = _C.op("sdpa")([q, k, v], [1, 0.35])
         return [f(B, H, T, D), q, k, v, out, lse], [1, 0.35]
+    if name == "sdpa_bthd_backward":
+        qb, kb, vb = f(B, T, H, D), f(B, T, Hkv, D), f(B, T, Hkv, D)
+        out, lse = _C.op("sdpa_bthd")([qb, kb, vb], [0, 0.35])
+        return [f(B, T, H, D), qb, kb, vb, out, lse], [0, 0.35]
     if name == "cross_entropy_backward":
         logits = f(N, V)
         lse = _C.op("cross_entropy")([logits, tgt], [-100])[1]
@@ -132,6 +137,10 @@ def _both_paths(fn, *arrays):
         (
             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             [(2, 4, 5, 8), (2, 2, 5, 8), (2, 2, 5, 8)],
+        ),
+        (
+            lambda q, k, v: F.attention_bthd(q, k, v, is_causal=True),
+            [(2, 5, 4, 8), (2, 5, 2, 8), (2, 5, 2, 8)],
         ),
     ],
 )

@@ -1,11 +1,13 @@
-"""rope, sdpa and sdpa_backward CPU kernels against explicit float64 NumPy attention (grouped-query heads)."""
+"""rope, sdpa, sdpa_bthd and their backward kernels against explicit float64 NumPy attention (grouped-query heads)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from harness import TOL, assert_close, randn, rng, round_to, run, to_device
+import infinitrain as it
+from harness import DEVICE, TOL, assert_close, randn, rng, round_to, run, to_device
+from infinitrain import functional as F
 from infinitrain.tools.conformance_specs import ATTENTION_16
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -112,6 +114,10 @@ SDPA_DIMS = [
     (3, 4, 2, 17, 1, 8),
     (2, 6, 2, 64, 64, 64),  # enough (b, h) work for the thread-parallel path
     (4, 4, 2, 33, 33, 16),  # 8 (b, kv head) pairs: the backward splits over heads at 8 threads too
+    # Head dims the GPU flash kernels take (32, 64, 128), with partial tiles.
+    (1, 6, 2, 77, 77, 32),
+    (1, 2, 1, 65, 65, 128),
+    (1, 3, 3, 5, 131, 64),  # a 5-query tile over three key tiles (non-causal only)
 ]
 
 
@@ -166,6 +172,56 @@ def test_sdpa_backward(dims, causal, dtype):
     r_dq, r_dk, r_dv = ref_sdpa_backward(g, q, k, v, out, lse, causal, scale)
     for got, ref, name in ((dq, r_dq, "dq"), (dk, r_dk, "dk"), (dv, r_dv, "dv")):
         assert_close(got, ref, dtype, atol=atol16(ref, dtype), what=f"sdpa {name} {dims} causal={causal}")
+
+
+def bthd(a):
+    return np.ascontiguousarray(np.swapaxes(a, 1, 2))  # [B, H, T, D] <-> [B, T, H, D]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dims,causal", SDPA_CASES, ids=str)
+def test_sdpa_bthd(dims, causal, dtype):
+    """sdpa_bthd on [B, T, H, D] tensors is sdpa of their [B, H, T, D] transposes, transposed back."""
+    q, k, v = sdpa_inputs(dims, dtype, rng())
+    scale = 1 / math.sqrt(dims[5])
+    out, lse = run("sdpa_bthd", [to_device(bthd(a), dtype) for a in (q, k, v)], [causal, scale])
+    r_out, r_lse = ref_sdpa(q, k, v, causal, scale)
+    assert out.shape == bthd(r_out).shape and lse.shape == r_lse.shape
+    assert_close(out, bthd(r_out), dtype, atol=atol16(r_out, dtype), what=f"sdpa_bthd out {dims} causal={causal}")
+    assert_close(lse, r_lse, stat_dtype(dtype), what=f"sdpa_bthd lse {dims} causal={causal}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dims,causal", SDPA_CASES, ids=str)
+def test_sdpa_bthd_backward(dims, causal, dtype):
+    gen = rng()
+    q, k, v = sdpa_inputs(dims, dtype, gen)
+    scale = 1 / math.sqrt(dims[5])
+    st = stat_dtype(dtype)
+    out, lse = ref_sdpa(q, k, v, causal, scale)
+    out, lse = round_to(out, dtype), round_to(lse, st)
+    g = round_to(randn(*q.shape, gen=gen), dtype)
+    ins = [to_device(bthd(a), dtype) for a in (g, q, k, v, out)] + [to_device(lse, st)]
+    grads = run("sdpa_bthd_backward", ins, [causal, scale])
+    refs = ref_sdpa_backward(g, q, k, v, out, lse, causal, scale)
+    for got, ref, name in zip(grads, refs, ("dq", "dk", "dv"), strict=True):
+        assert_close(got, bthd(ref), dtype, atol=atol16(ref, dtype), what=f"sdpa_bthd {name} {dims} causal={causal}")
+
+
+def test_attention_bthd_equals_sdpa_through_autograd():
+    """F.attention_bthd gives scaled_dot_product_attention's output and gradients, in the other layout."""
+    gen, d = rng(), "float32"
+    q, k, v = sdpa_inputs((2, 6, 2, 9, 9, 8), d, gen)
+    g = randn(2, 9, 6, 8, gen=gen)
+    a = [it.tensor(bthd(x), device=DEVICE, requires_grad=True) for x in (q, k, v)]
+    b = [it.tensor(x, device=DEVICE, requires_grad=True) for x in (q, k, v)]
+    out_a = F.attention_bthd(*a, is_causal=True)
+    out_b = F.scaled_dot_product_attention(*b, is_causal=True)
+    (out_a * it.tensor(g, device=DEVICE)).sum().backward()
+    (out_b * it.tensor(bthd(g), device=DEVICE)).sum().backward()
+    np.testing.assert_allclose(out_a.numpy(), bthd(out_b.numpy()), rtol=1e-6, atol=1e-6)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_allclose(x.grad.numpy(), bthd(y.grad.numpy()), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("causal", [0, 1])
@@ -226,6 +282,15 @@ def f64(*shape):
         ("sdpa", lambda: [f32(1, 2, 4, 8), f64(1, 2, 4, 8), f64(1, 2, 4, 8)], [0, 1.0], "dtype mismatch"),
         ("sdpa", lambda: [f32(2, 4, 8), f32(2, 4, 8), f32(2, 4, 8)], [0, 1.0], "must be 4-d"),
         ("sdpa", lambda: [f32(1, 2, 4, 8)] * 3, [0], "expected 2 attribute"),
+        # sdpa_bthd: heads are dim 2, the sequence dim 1.
+        ("sdpa_bthd", lambda: [f32(1, 4, 3, 8), f32(1, 4, 2, 8), f32(1, 4, 2, 8)], [0, 1.0], r"layout \[B, T, H, D\]"),
+        ("sdpa_bthd", lambda: [f32(1, 4, 2, 8), f32(1, 5, 2, 8), f32(1, 5, 2, 8)], [1, 1.0], "equal query and key"),
+        (
+            "sdpa_bthd_backward",
+            lambda: [f32(1, 4, 2, 8)] * 5 + [f32(1, 4, 2)],
+            [0, 1.0],
+            r"lse must have shape \[1, 2, 4\]",
+        ),
         (
             "sdpa_backward",
             lambda: [f32(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 4, 8), f32(1, 2, 4, 8), f64(1, 2, 4)],

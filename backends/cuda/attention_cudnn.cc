@@ -1,6 +1,7 @@
 // sdpa and sdpa_backward through cuDNN's fused attention (cudnn-frontend's
 // graph API), for bfloat16 and float16 q, k, v [B, H, T, D] (grouped-query
-// k, v [B, Hkv, S, D]), causal or not, fp32 softmax statistics. One graph
+// k, v [B, Hkv, S, D]), causal or not, fp32 softmax statistics; sdpa_bthd
+// and its backward the same on [B, T, H, D] tensors, through strides. One graph
 // with its execution plan is built per shape and kept for the process. Cases
 // cuDNN declines (float32, float64, head dims it does not support) and
 // INFINITRAIN_CUDA_ATTENTION=portable run the provider-neutral kernels.
@@ -44,13 +45,13 @@ bool PortableOnly() {
 }
 
 struct Key {
-    bool backward;
+    bool backward, bthd;
     DataType dtype;
     int device;
     int64_t b, h, hk, t, s, d;
     bool causal;
     float scale;
-    auto tie() const { return std::tie(backward, dtype, device, b, h, hk, t, s, d, causal, scale); }
+    auto tie() const { return std::tie(backward, bthd, dtype, device, b, h, hk, t, s, d, causal, scale); }
     bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -59,19 +60,26 @@ struct Plan {
     int64_t workspace = 0;
 };
 
-std::vector<int64_t> Strides(const std::vector<int64_t>& dims) {
+// Strides of a [B, H, T, D] graph tensor stored as [B, H, T, D] or (bthd) as [B, T, H, D]; statistics [B, H, T, 1]
+// are always contiguous.
+std::vector<int64_t> Strides(const std::vector<int64_t>& dims, bool bthd) {
     std::vector<int64_t> st(dims.size(), 1);
     for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) st[i] = st[i + 1] * dims[i + 1];
+    if (bthd) {
+        const int64_t h = dims[1], t = dims[2], d = dims[3];
+        st = {t * h * d, d, h * d, 1};
+    }
     return st;
 }
 
 std::shared_ptr<fe::graph::Tensor_attributes> Input(fe::graph::Graph& g, const char* name, Uid uid,
-                                                    std::vector<int64_t> dims) {
-    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(Strides(dims)));
+                                                    std::vector<int64_t> dims, bool bthd) {
+    return g.tensor(
+        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(Strides(dims, bthd)));
 }
 
-void Output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, std::vector<int64_t> dims) {
-    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(Strides(dims));
+void Output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, std::vector<int64_t> dims, bool bthd) {
+    t->set_output(true).set_uid(uid).set_dim(dims).set_stride(Strides(dims, bthd));
 }
 
 cudnnHandle_t Handle(const Stream& stream) {
@@ -93,9 +101,10 @@ Plan Build(const Key& k, cudnnHandle_t handle) {
     g->set_io_data_type(k.dtype == DataType::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
-    auto q = Input(*g, "q", kQ, {k.b, k.h, k.t, k.d});
-    auto kk = Input(*g, "k", kK, {k.b, k.hk, k.s, k.d});
-    auto v = Input(*g, "v", kV, {k.b, k.hk, k.s, k.d});
+    const bool l = k.bthd;
+    auto q = Input(*g, "q", kQ, {k.b, k.h, k.t, k.d}, l);
+    auto kk = Input(*g, "k", kK, {k.b, k.hk, k.s, k.d}, l);
+    auto v = Input(*g, "v", kV, {k.b, k.hk, k.s, k.d}, l);
     if (!k.backward) {
         auto attrs = fe::graph::SDPA_attributes()
                          .set_name("sdpa")
@@ -103,22 +112,22 @@ Plan Build(const Key& k, cudnnHandle_t handle) {
                          .set_attn_scale(k.scale)
                          .set_causal_mask(k.causal);
         auto [o, stats] = g->sdpa(q, kk, v, attrs);
-        Output(o, kO, {k.b, k.h, k.t, k.d});
-        Output(stats, kStats, {k.b, k.h, k.t, 1});
+        Output(o, kO, {k.b, k.h, k.t, k.d}, l);
+        Output(stats, kStats, {k.b, k.h, k.t, 1}, false);
         stats->set_data_type(fe::DataType_t::FLOAT);
     } else {
-        auto o = Input(*g, "o", kO, {k.b, k.h, k.t, k.d});
-        auto dout = Input(*g, "do", kDO, {k.b, k.h, k.t, k.d});
-        auto stats = Input(*g, "stats", kStats, {k.b, k.h, k.t, 1});
+        auto o = Input(*g, "o", kO, {k.b, k.h, k.t, k.d}, l);
+        auto dout = Input(*g, "do", kDO, {k.b, k.h, k.t, k.d}, l);
+        auto stats = Input(*g, "stats", kStats, {k.b, k.h, k.t, 1}, false);
         stats->set_data_type(fe::DataType_t::FLOAT);
         auto attrs = fe::graph::SDPA_backward_attributes()
                          .set_name("sdpa_backward")
                          .set_attn_scale(k.scale)
                          .set_causal_mask(k.causal);
         auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
-        Output(dq, kDQ, {k.b, k.h, k.t, k.d});
-        Output(dk, kDK, {k.b, k.hk, k.s, k.d});
-        Output(dv, kDV, {k.b, k.hk, k.s, k.d});
+        Output(dq, kDQ, {k.b, k.h, k.t, k.d}, l);
+        Output(dk, kDK, {k.b, k.hk, k.s, k.d}, l);
+        Output(dv, kDV, {k.b, k.hk, k.s, k.d}, l);
     }
     Plan plan;
     if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
@@ -152,58 +161,52 @@ bool Eligible(DataType t, int64_t d) {
     return !PortableOnly() && (t == DataType::kBFloat16 || t == DataType::kFloat16) && d % 8 == 0 && d <= 256;
 }
 
-void Sdpa(KernelContext& ctx) {
-    const Tensor &q = ctx.in[0], &k = ctx.in[1], &v = ctx.in[2];
-    Tensor &out = ctx.out[0], &lse = ctx.out[1];
+// The cache key of q [B, Hq, T, D] and k [B, Hkv, S, D] (bthd: q [B, T, Hq, D], k [B, S, Hkv, D]).
+Key MakeKey(const KernelContext& ctx, bool backward, bool bthd, const Tensor& q, const Tensor& k) {
     const Shape &qs = q.shape(), &ks = k.shape();
-    if (!Eligible(q.dtype(), qs[3]) || q.numel() == 0 || k.numel() == 0) return PortableSdpa(ctx);
-    cudnnHandle_t handle = Handle(ctx.stream);
-    Key key{false,
-            q.dtype(),
-            ctx.device.index,
-            qs[0],
-            qs[1],
-            ks[1],
-            qs[2],
-            ks[2],
-            qs[3],
-            ctx.i(0) != 0,
-            static_cast<float>(ctx.f(1))};
-    const Plan& plan = GetPlan(key, handle);
-    if (!plan.graph) return PortableSdpa(ctx);
-    std::unordered_map<int64_t, void*> pack = {
-        {kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, out.data()}, {kStats, lse.data()}};
-    Run(plan, handle, pack, ctx.device, "sdpa");
+    const int h = bthd ? 2 : 1, t = bthd ? 1 : 2;
+    return Key{backward, bthd,  q.dtype(),     ctx.device.index,
+               qs[0],    qs[h], ks[h],         qs[t],
+               ks[t],    qs[3], ctx.i(0) != 0, static_cast<float>(ctx.f(1))};
 }
 
-void SdpaBackward(KernelContext& ctx) {
-    const Tensor &grad = ctx.in[0], &q = ctx.in[1], &k = ctx.in[2], &v = ctx.in[3], &out = ctx.in[4], &lse = ctx.in[5];
-    const Shape &qs = q.shape(), &ks = k.shape();
-    if (!Eligible(q.dtype(), qs[3]) || q.numel() == 0 || k.numel() == 0) return PortableSdpaBackward(ctx);
+void Forward(KernelContext& ctx, bool bthd) {
+    const Tensor &q = ctx.in[0], &k = ctx.in[1], &v = ctx.in[2];
+    Tensor &out = ctx.out[0], &lse = ctx.out[1];
+    auto portable = bthd ? PortableSdpaBthd : PortableSdpa;
+    if (!Eligible(q.dtype(), q.size(3)) || q.numel() == 0 || k.numel() == 0) return portable(ctx);
     cudnnHandle_t handle = Handle(ctx.stream);
-    Key key{true,
-            q.dtype(),
-            ctx.device.index,
-            qs[0],
-            qs[1],
-            ks[1],
-            qs[2],
-            ks[2],
-            qs[3],
-            ctx.i(0) != 0,
-            static_cast<float>(ctx.f(1))};
-    const Plan& plan = GetPlan(key, handle);
-    if (!plan.graph) return PortableSdpaBackward(ctx);
+    const Plan& plan = GetPlan(MakeKey(ctx, false, bthd, q, k), handle);
+    if (!plan.graph) return portable(ctx);
+    std::unordered_map<int64_t, void*> pack = {
+        {kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, out.data()}, {kStats, lse.data()}};
+    Run(plan, handle, pack, ctx.device, bthd ? "sdpa_bthd" : "sdpa");
+}
+
+void Backward(KernelContext& ctx, bool bthd) {
+    const Tensor &grad = ctx.in[0], &q = ctx.in[1], &k = ctx.in[2], &v = ctx.in[3], &out = ctx.in[4], &lse = ctx.in[5];
+    auto portable = bthd ? PortableSdpaBthdBackward : PortableSdpaBackward;
+    if (!Eligible(q.dtype(), q.size(3)) || q.numel() == 0 || k.numel() == 0) return portable(ctx);
+    cudnnHandle_t handle = Handle(ctx.stream);
+    const Plan& plan = GetPlan(MakeKey(ctx, true, bthd, q, k), handle);
+    if (!plan.graph) return portable(ctx);
     std::unordered_map<int64_t, void*> pack = {
         {kQ, q.data()},           {kK, k.data()},           {kV, v.data()},
         {kO, out.data()},         {kDO, grad.data()},       {kStats, lse.data()},
         {kDQ, ctx.out[0].data()}, {kDK, ctx.out[1].data()}, {kDV, ctx.out[2].data()}};
-    Run(plan, handle, pack, ctx.device, "sdpa_backward");
+    Run(plan, handle, pack, ctx.device, bthd ? "sdpa_bthd_backward" : "sdpa_backward");
 }
+
+void Sdpa(KernelContext& ctx) { Forward(ctx, false); }
+void SdpaBackward(KernelContext& ctx) { Backward(ctx, false); }
+void SdpaBthd(KernelContext& ctx) { Forward(ctx, true); }
+void SdpaBthdBackward(KernelContext& ctx) { Backward(ctx, true); }
 
 }  // namespace
 
 REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "sdpa", Sdpa);
 REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "sdpa_backward", SdpaBackward);
+REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "sdpa_bthd", SdpaBthd);
+REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "sdpa_bthd_backward", SdpaBthdBackward);
 
 }  // namespace infinitrain::gpu

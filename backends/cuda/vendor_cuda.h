@@ -112,6 +112,60 @@ inline constexpr int kWarpSize = 32;
 using LaneMask = unsigned int;
 inline constexpr LaneMask kFullLaneMask = ~LaneMask{0};
 
+// ---- tensor cores (backends/gpu/flash_attention.cuh) --------------------------
+
+inline constexpr bool kHasTileMma = true;
+
+// One 32-lane warp: C[16x16] (float) += A[16x16] * B[16x16] (bf16_t or fp16_t), as two
+// mma.sync.aligned.m16n8k16.row.col (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"):
+// B's columns 0-7 and 8-15 are the two n8 halves. Element i of a lane's fragment holds the matrix element the index
+// functions name: A (row, k), B (k, col), C (row, col); g = lane / 4 is PTX's groupID, t = lane % 4 its
+// threadID_in_group. Elements 2j and 2j + 1 share one 32-bit register (2j in the low half).
+struct TileMma {
+    static constexpr int kElems = 8;  // per lane, in each of A, B and C
+    __host__ __device__ static constexpr int ARow(int lane, int i) { return lane / 4 + 8 * (i / 2 % 2); }
+    __host__ __device__ static constexpr int ACol(int lane, int i) { return lane % 4 * 2 + i % 2 + 8 * (i / 4); }
+    __host__ __device__ static constexpr int BRow(int lane, int i) { return lane % 4 * 2 + i % 2 + 8 * (i / 2 % 2); }
+    __host__ __device__ static constexpr int BCol(int lane, int i) { return lane / 4 + 8 * (i / 4); }
+    __host__ __device__ static constexpr int CRow(int lane, int i) { return lane / 4 + 8 * (i / 2 % 2); }
+    __host__ __device__ static constexpr int CCol(int lane, int i) { return lane % 4 * 2 + i % 2 + 8 * (i / 4); }
+
+    __device__ static void Run(float (&c)[kElems], const bf16_t (&a)[kElems], const bf16_t (&b)[kElems]) {
+        uint32_t ra[4], rb[4];
+        for (int j = 0; j < 4; ++j) {
+            ra[j] = Pack(__bfloat16_as_ushort(a[2 * j]), __bfloat16_as_ushort(a[2 * j + 1]));
+            rb[j] = Pack(__bfloat16_as_ushort(b[2 * j]), __bfloat16_as_ushort(b[2 * j + 1]));
+        }
+        for (int h = 0; h < 2; ++h) {
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                "{%0,%1,%2,%3};\n"
+                : "+f"(c[4 * h]), "+f"(c[4 * h + 1]), "+f"(c[4 * h + 2]), "+f"(c[4 * h + 3])
+                : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[2 * h]), "r"(rb[2 * h + 1]));
+        }
+    }
+
+    __device__ static void Run(float (&c)[kElems], const fp16_t (&a)[kElems], const fp16_t (&b)[kElems]) {
+        uint32_t ra[4], rb[4];
+        for (int j = 0; j < 4; ++j) {
+            ra[j] = Pack(__half_as_ushort(a[2 * j]), __half_as_ushort(a[2 * j + 1]));
+            rb[j] = Pack(__half_as_ushort(b[2 * j]), __half_as_ushort(b[2 * j + 1]));
+        }
+        for (int h = 0; h < 2; ++h) {
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                "{%0,%1,%2,%3};\n"
+                : "+f"(c[4 * h]), "+f"(c[4 * h + 1]), "+f"(c[4 * h + 2]), "+f"(c[4 * h + 3])
+                : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[2 * h]), "r"(rb[2 * h + 1]));
+        }
+    }
+
+private:
+    __device__ static uint32_t Pack(unsigned short lo, unsigned short hi) {
+        return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+};
+
 // ---- BLAS -------------------------------------------------------------------
 
 using BlasHandle = cublasHandle_t;

@@ -10,9 +10,11 @@
 //   sdpa_backward(dO, q, k, v, out, lse) -> dq, dk, dv: recomputes P = exp(scores - lse) (masked entries 0), then
 //       dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * out));  dQ = scale * dS K;  dK = scale * dS^T Q,
 //     where the [S, g*T] @ [g*T, D] products sum over the g query heads of a kv head by construction.
+//   sdpa_bthd(q [B, T, Hq, D], ...) runs sdpa between SwapMiddle copies.
 //   Scratch is O(B * Hq * T * S) (one score matrix forward, two backward); a fused flash kernel replaces it later.
-// Precision: GEMMs and softmax in float32 (float64 for float64 inputs): bfloat16/float16 q, k, v, dO are widened
-// to float32 scratch and the results rounded once, as the CPU does; lse is float32 (float64).
+// Precision: softmax in float32 (float64 for float64 inputs). float32/float64 GEMMs in their own type; bfloat16/
+// float16 GEMMs take their 16-bit operands as they are (tensor cores, float32 accumulation) with P and dS rounded
+// to the 16-bit type before their products, as cuDNN and the flash kernels do; lse is float32 (float64).
 #pragma once
 
 #include <cstdint>
@@ -33,10 +35,22 @@ __global__ void RopeKernel(const T* __restrict__ x, const Acc<T>* __restrict__ c
     }
 }
 
+// y[b, j, i, :] = x[b, i, j, :] for x [B, I, J, D] (sdpa_bthd's [B, T, H, D] <-> sdpa's [B, H, T, D]), moving
+// U-sized units (up to 16 bytes) of a row of D units at a time.
+template <typename U>
+__global__ void SwapMiddleKernel(const U* __restrict__ x, U* __restrict__ y, int64_t n, int64_t I, int64_t J,
+                                 int64_t D) {
+    GPU_KERNEL_LOOP(o, n) {
+        const int64_t d = o % D, r = o / D, i = r % I, j = (r / I) % J, b = r / (I * J);
+        y[o] = x[((b * I + i) * J + j) * D + d];
+    }
+}
+
 // Rows of the score matrix [rows, S]; row r is query t = r % T. Each 32-lane group (kBlock false) or block (true)
-// turns one row into probabilities in place (masked keys 0) and writes its lse.
-template <bool kBlock, typename C>
-__global__ void SdpaSoftmaxKernel(C* __restrict__ scores, C* __restrict__ lse, int64_t rows, int64_t T_len, int64_t S,
+// turns one row into probabilities (masked keys 0), written to probs (the scores themselves, or a 16-bit copy), and
+// writes its lse.
+template <bool kBlock, typename C, typename O>
+__global__ void SdpaSoftmaxKernel(C* scores, O* probs, C* __restrict__ lse, int64_t rows, int64_t T_len, int64_t S,
                                   bool causal) {
     const int per_block = kBlock ? 1 : blockDim.x / kGroup;
     const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
@@ -54,26 +68,29 @@ __global__ void SdpaSoftmaxKernel(C* __restrict__ scores, C* __restrict__ lse, i
         sum = kBlock ? BlockReduce(sum, SumOp(), C(0)) : GroupReduce(sum, SumOp());
         const C inv = C(1) / sum;
         if (valid) {
-            for (int64_t s = pos; s < S; s += width) row[s] = s < n ? Exp(row[s] - mx) * inv : C(0);
+            O* out = probs + r * S;
+            for (int64_t s = pos; s < S; s += width) out[s] = FromAcc<O>(s < n ? Exp(row[s] - mx) * inv : C(0));
             if (pos == 0) lse[r] = mx + Log(sum);  // S == 0: -inf
         }
     }
 }
 
-// P = exp(scores - lse) in place, masked keys 0.
-template <typename C>
-__global__ void SdpaProbsKernel(C* __restrict__ scores, const C* __restrict__ lse, int64_t rows, int64_t T_len,
-                                int64_t S, bool causal) {
+// P = exp(scores - lse) in place, masked keys 0; also rounded into p16 when it is not null.
+template <typename C, typename O>
+__global__ void SdpaProbsKernel(C* __restrict__ scores, O* __restrict__ p16, const C* __restrict__ lse, int64_t rows,
+                                int64_t T_len, int64_t S, bool causal) {
     GPU_KERNEL_LOOP(i, rows * S) {
         const int64_t r = i / S, s = i - r * S;
-        scores[i] = (causal && s > r % T_len) ? C(0) : Exp(scores[i] - lse[r]);
+        const C p = (causal && s > r % T_len) ? C(0) : Exp(scores[i] - lse[r]);
+        scores[i] = p;
+        if (p16) p16[i] = FromAcc<O>(p);
     }
 }
 
-// dP[r, s] = P[r, s] * (dP[r, s] - D_r), D_r = sum_e dO[r, e] * out[r, e] (in double, rounded to C); one block
-// per row.
-template <typename T, typename C>
-__global__ void SdpaDsKernel(const C* __restrict__ P, C* __restrict__ dP, const T* __restrict__ dO,
+// dS[r, s] = P[r, s] * (dP[r, s] - D_r), D_r = sum_e dO[r, e] * out[r, e] (in double, rounded to C), into ds (dP
+// itself, or a 16-bit copy); one block per row.
+template <typename T, typename C, typename O>
+__global__ void SdpaDsKernel(const C* __restrict__ P, const C* dP, O* ds, const T* __restrict__ dO,
                              const T* __restrict__ out, int64_t rows, int64_t S, int64_t D) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         double di = 0;
@@ -81,7 +98,9 @@ __global__ void SdpaDsKernel(const C* __restrict__ P, C* __restrict__ dP, const 
             di += static_cast<double>(ToAcc(dO[r * D + e])) * static_cast<double>(ToAcc(out[r * D + e]));
         }
         const C dc = static_cast<C>(BlockReduce(di, SumOp(), 0.0));
-        for (int64_t s = threadIdx.x; s < S; s += blockDim.x) dP[r * S + s] = P[r * S + s] * (dP[r * S + s] - dc);
+        for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+            ds[r * S + s] = FromAcc<O>(P[r * S + s] * (dP[r * S + s] - dc));
+        }
     }
 }
 

@@ -9,5 +9,7 @@ namespace infinitrain::gpu {
 
 void PortableSdpa(KernelContext& ctx);
 void PortableSdpaBackward(KernelContext& ctx);
+void PortableSdpaBthd(KernelContext& ctx);
+void PortableSdpaBthdBackward(KernelContext& ctx);
 
 }  // namespace infinitrain::gpu

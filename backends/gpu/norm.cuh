@@ -304,31 +304,44 @@ __global__ void NormForwardGroupKernel(const T* __restrict__ x, const T* __restr
     }
 }
 
-// dx of a row per group (grid-stride over rows); the parameter gradients are a separate column pass.
-template <bool kRms, int kPer, typename T>
-__global__ void NormBackwardGroupKernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
-                                        const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
-                                        T* __restrict__ dx, int64_t rows, int64_t C) {
+// dx of a row per 32-lane group (grid-stride over rows: lane l holds columns l, l + 32, ...). With kParams, the
+// parameter gradients in the same pass over g and x: lane l adds its columns' grad * xhat and grad over the group's
+// rows in float32, the block's 8 groups are summed in a fixed order (double) through shared memory, and block b
+// writes partial[b * W + c] (W = C, or 2C with layernorm's dbias after dweight) for NormParamsCombineKernel.
+template <bool kRms, int kPer, typename T, bool kParams>
+__global__ void __launch_bounds__(kThreads)
+    NormBackwardGroupKernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                            const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in, T* __restrict__ dx,
+                            double* __restrict__ partial, int64_t rows, int64_t C) {
     using V = Acc<T>;
-    const int lane = threadIdx.x % kGroup;
-    const int64_t per_block = blockDim.x / kGroup;
-    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
-        const int64_t r = base + threadIdx.x / kGroup;
+    constexpr int kGroups = kThreads / kGroup;
+    __shared__ V acc_s[kParams ? kGroups : 1][kParams ? kPer * kGroup : 1];
+    const int lane = threadIdx.x % kGroup, grp = threadIdx.x / kGroup;
+    V aw[kPer], ab[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) aw[k] = ab[k] = V(0);
+    GPU_BLOCK_ROWS_LOOP(base, rows, kGroups) {
+        const int64_t r = base + grp;
         const bool live = r < rows;
         const int64_t rr = live ? r : 0;
         const T *gr = g + rr * C, *xr = x + rr * C;
         const V mean = kRms ? V(0) : mean_in[rr], rstd = rstd_in[rr];
         V d[kPer], xh[kPer];
-        V sd = 0, sdx = 0;  // sums of dxhat and dxhat * xhat
+        V sd = 0, sdx = 0;
 #pragma unroll
         for (int k = 0; k < kPer; ++k) {
             const int64_t j = lane + k * kGroup;
             d[k] = xh[k] = V(0);
             if (live && j < C) {
+                const V gv = ToAcc(gr[j]);
                 xh[k] = (ToAcc(xr[j]) - mean) * rstd;
-                d[k] = MulRn(ToAcc(gr[j]), ToAcc(w[j]));
+                d[k] = MulRn(gv, ToAcc(w[j]));
                 sd += d[k];
                 sdx += d[k] * xh[k];
+                if (kParams) {
+                    aw[k] += gv * xh[k];
+                    ab[k] += gv;
+                }
             }
         }
         if (!kRms) sd = GroupReduce(sd, SumOp());
@@ -341,6 +354,20 @@ __global__ void NormBackwardGroupKernel(const T* __restrict__ g, const T* __rest
             const int64_t j = lane + k * kGroup;
             if (j < C) dr[j] = FromAcc<T>(rstd * (d[k] - mean_d - xh[k] * mean_dx));
         }
+    }
+    if (!kParams) return;
+    const int64_t W = kRms ? C : 2 * C;
+    for (int part = 0; part < (kRms ? 1 : 2); ++part) {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) acc_s[grp][lane + k * kGroup] = part == 0 ? aw[k] : ab[k];
+        __syncthreads();
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+            double t = 0;
+#pragma unroll
+            for (int i = 0; i < kGroups; ++i) t += static_cast<double>(acc_s[i][c]);
+            partial[blockIdx.x * W + part * C + c] = t;
+        }
+        __syncthreads();
     }
 }
 

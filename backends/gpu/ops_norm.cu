@@ -132,11 +132,32 @@ void NormBackward(KernelContext& ctx, const char* op) {
         using T = typename decltype(tag)::type;
         using S = Acc<T>;
         const S* mp = mean ? mean->data<S>() : nullptr;
+        const int64_t W = kRms ? C : 2 * C;
+        if constexpr (!std::is_same<T, double>::value) {  // float64's per-group sums would not fit shared memory
+            if (rows > 0 && C > 0 && C <= 32 * kGroup) {
+                // One pass for dx and the parameter gradients, on a grid fixed by the shape (so is the order of the
+                // sums) of up to 256 blocks.
+                const int64_t groups = kThreads / kGroup;
+                const int64_t blocks = std::min<int64_t>(256, (rows + groups - 1) / groups);
+                Tensor partial = Scratch(ctx, {blocks * W}, DataType::kFloat64);
+                DispatchPerLane(C, [&](auto per) {
+                    NormBackwardGroupKernel<kRms, decltype(per)::value, T, true>
+                        <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(g.data<T>(), x.data<T>(), w.data<T>(), mp,
+                                                                            rstd.data<S>(), dx.data<T>(),
+                                                                            partial.data<double>(), rows, C);
+                });
+                GPU_CHECK_LAUNCH(op);
+                NormParamsCombineKernel<T><<<static_cast<unsigned>((W + 31) / 32), dim3(32, 32), 0, s>>>(
+                    partial.data<double>(), dw.data<T>(), db ? db->data<T>() : nullptr, C, W, blocks);
+                GPU_CHECK_LAUNCH(op);
+                return;
+            }
+        }
         if (rows > 0 && C > 0) {
             auto group = [&](auto per) {
-                NormBackwardGroupKernel<kRms, decltype(per)::value, T>
-                    <<<Blocks(rows, kThreads / kGroup), kThreads, 0, s>>>(g.data<T>(), x.data<T>(), w.data<T>(), mp,
-                                                                          rstd.data<S>(), dx.data<T>(), rows, C);
+                NormBackwardGroupKernel<kRms, decltype(per)::value, T, false>
+                    <<<Blocks(rows, kThreads / kGroup), kThreads, 0, s>>>(
+                        g.data<T>(), x.data<T>(), w.data<T>(), mp, rstd.data<S>(), dx.data<T>(), nullptr, rows, C);
             };
             if (!DispatchPerLane(C, group)) {
                 NormBackwardDxKernel<kRms, T><<<Blocks(rows, 1), RowBlockThreads(C), 0, s>>>(
@@ -148,7 +169,6 @@ void NormBackward(KernelContext& ctx, const char* op) {
         // Enough (column, row chunk) threads to fill the device, chunks of at least 32 rows; fixed for a shape.
         const int64_t P = std::max<int64_t>(1, std::min((262144 + C - 1) / C, (rows + 31) / 32));
         const int64_t chunk = std::max<int64_t>(1, (rows + P - 1) / P);
-        const int64_t W = kRms ? C : 2 * C;
         Tensor partial = Scratch(ctx, {P * W}, DataType::kFloat64);
         NormBackwardParamsKernel<kRms, T><<<Blocks(P * C), kThreads, 0, s>>>(
             g.data<T>(), x.data<T>(), mp, rstd.data<S>(), partial.data<double>(), rows, C, P, chunk);

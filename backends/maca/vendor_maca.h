@@ -113,6 +113,12 @@ inline constexpr int kWarpSize = 64;
 using LaneMask = unsigned long long;
 inline constexpr LaneMask kFullLaneMask = ~LaneMask{0};
 
+// ---- tensor cores -------------------------------------------------------------
+
+// No TileMma: the fragment layout of MetaX's MMA builtins is not verified without hardware, so
+// flash_attention.cuh runs its SIMT policy here.
+inline constexpr bool kHasTileMma = false;
+
 // ---- BLAS -------------------------------------------------------------------
 
 using BlasHandle = mcblasHandle_t;

@@ -86,6 +86,21 @@ def sdpa(q, k, v, causal, scale):
     return _down(F.matmul(p, v), dtype), lse.reshape(B, Hq, T)
 
 
+def _bhtd(t):
+    return F.permute(t, [0, 2, 1, 3])  # [B, T, H, D] <-> [B, H, T, D]
+
+
+def sdpa_bthd(q, k, v, causal, scale):
+    """sdpa on [B, T, H, D] tensors: the [B, H, T, D] op between transposes."""
+    out, lse = dispatch.call("sdpa", [_bhtd(q), _bhtd(k), _bhtd(v)], [int(causal), scale])
+    return _bhtd(Tensor(out)), Tensor(lse)
+
+
+def sdpa_bthd_backward(grad, q, k, v, out, lse, causal, scale):
+    ins = [_bhtd(t) for t in (grad, q, k, v, out)] + [lse]
+    return [_bhtd(Tensor(t)) for t in dispatch.call("sdpa_backward", ins, [int(causal), scale])]
+
+
 def sdpa_backward(grad, q, k, v, out, lse, causal, scale):
     """(dq, dk, dv) from the saved out and lse, as the kernels compute them: with P = exp(S * scale - lse),
     dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale;
@@ -255,6 +270,7 @@ _FORWARD = {
     "swiglu": lambda ins, a: [swiglu(ins[0], ins[1])],
     "rope": lambda ins, a: [rope(ins[0], ins[1], ins[2], bool(a[0]))],
     "sdpa": lambda ins, a: list(sdpa(ins[0], ins[1], ins[2], bool(a[0]), a[1])),
+    "sdpa_bthd": lambda ins, a: list(sdpa_bthd(ins[0], ins[1], ins[2], a[0], a[1])),
     "cross_entropy": lambda ins, a: list(cross_entropy(ins[0], ins[1], a[0])),
     "moe_topk": lambda ins, a: list(moe_topk(ins[0], a[0], a[1])),
     "moe_permute": lambda ins, a: list(moe_permute(ins[0], ins[1], a[0])),
@@ -317,6 +333,7 @@ COMPOSITES.update(
         "swiglu_backward": _derived("swiglu", [0, 1], 2, [0, 1]),
         "rmsnorm_backward": _explicit(rmsnorm_backward),
         "sdpa_backward": _explicit(sdpa_backward),
+        "sdpa_bthd_backward": _explicit(sdpa_bthd_backward),
         "cross_entropy_backward": _explicit(cross_entropy_backward),
         "moe_topk_backward": _explicit(moe_topk_backward),
         "moe_unpermute_backward": _derived("moe_unpermute", [1, 2, 3], 0, [0, 2]),

@@ -1136,16 +1136,25 @@ def scaled_dot_product_attention(
     return matmul(p if p.dtype == v.dtype else cast(p, v.dtype), v)
 
 
-def _sdpa(q, k, v, causal, scale):
-    out, lse = _call("sdpa", [q, k, v], [int(causal), scale])
+def attention_bthd(query, key, value, is_causal=False, scale=None):
+    """Fused attention in the layout the projections produce: q [B, T, Hq, D], k, v [B, S, Hkv, D] -> out
+    [B, T, Hq, D], Hq a multiple of Hkv. The same result as transposing q, k, v to [B, H, T, D], calling
+    scaled_dot_product_attention and transposing back, without those copies (not a PyTorch name)."""
+    q, k, v = _autocast(query, key, value)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _sdpa(q, k, v, bool(is_causal), scale, "sdpa_bthd")
+
+
+def _sdpa(q, k, v, causal, scale, op="sdpa"):
+    out, lse = _call(op, [q, k, v], [int(causal), scale])
     out = Tensor(out)
     if _needs_grad(q, k, v):
 
         def backward(g):
-            dq, dk, dv = _call("sdpa_backward", [g, q, k, v, out, Tensor(lse)], [int(causal), scale])
+            dq, dk, dv = _call(op + "_backward", [g, q, k, v, out, Tensor(lse)], [int(causal), scale])
             return Tensor(dq), Tensor(dk), Tensor(dv)
 
-        _record(out, (q, k, v), backward, "sdpa", (q, k, v, out))
+        _record(out, (q, k, v), backward, op, (q, k, v, out))
     return out
 
 

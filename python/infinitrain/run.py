@@ -158,7 +158,9 @@ def _watch(a, workers, store, received):
         if bad and not received:
             time.sleep(0.2)  # let the exit times of workers that went down with it be recorded too
             bad = [w for w in workers if w.exited_at is not None and w.proc.returncode != 0]
-            w = min(bad, key=lambda w: w.exited_at)
+            # A worker killed by a signal is the cause, not the peers that lost it a moment later (whose exit times
+            # can be recorded first on a busy host); otherwise the first to go.
+            w = min(bad, key=lambda w: (w.proc.returncode >= 0, w.exited_at))
             code = _exit_code(w.proc.returncode)
             try:
                 store.set(failed_key, f"rank {w.rank} (node {a.node_rank}) exited with code {code}".encode())

@@ -54,8 +54,8 @@ MUTANTS = [
     Mutant(
         "P2",
         GPT2,
-        "y = F.scaled_dot_product_attention(q, k, v, is_causal=True)",
-        "y = F.scaled_dot_product_attention(q, k, v, is_causal=False)",
+        "y = F.attention_bthd(q, k, v, is_causal=True)",
+        "y = F.attention_bthd(q, k, v, is_causal=False)",
         "GPT-2 attention not causal",
         MODELS,
     ),
@@ -70,8 +70,8 @@ MUTANTS = [
     Mutant(
         "P4",
         LLAMA,
-        "k = F.rope(k.reshape(B, T, nkv, hd), cos, sin).transpose(1, 2)",
-        "k = k.reshape(B, T, nkv, hd).transpose(1, 2)",
+        "k = F.rope(k.reshape(B, T, nkv, hd), cos, sin)",
+        "k = k.reshape(B, T, nkv, hd)",
         "LLaMA 3 without RoPE on the keys",
         MODELS,
     ),

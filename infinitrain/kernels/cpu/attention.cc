@@ -9,6 +9,7 @@
 //   sdpa_backward(grad, q, k, v, out, lse) -> dq, dk, dv: recomputes P from lse, then
 //     dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dO * out)), dq = dS k * scale, dk = dS^T q * scale;
 //     dk, dv sum over the query heads that share a kv head.
+//   sdpa_bthd and its backward: the same on [B, T, H, D] tensors, run on [B, H, T, D] copies.
 // The [T, S] products run on OpenBLAS in float32 (float64 for float64 inputs); bfloat16 heads are widened to
 // float32 scratch. Work splits over (b, h) forward and over (b, kv head) backward, so each thread owns the dk, dv
 // it accumulates; OpenBLAS runs single-threaded inside those parallel loops. Per-thread scratch is allocated before
@@ -18,6 +19,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -371,10 +373,48 @@ void SdpaBackwardKernel(KernelContext& ctx) {
     DispatchFloat(ctx.in[1].dtype(), "sdpa_backward", [&](auto tag) { SdpaBackward<decltype(tag)>(ctx); });
 }
 
+// x [B, I, J, D] with dims 1 and 2 swapped, into y [B, J, I, D] (a new tensor when y is null).
+Tensor SwapMiddle(const Tensor& x, const Tensor* y = nullptr) {
+    const Shape& s = x.shape();
+    Tensor out = y ? *y : Tensor::Empty({s[0], s[2], s[1], s[3]}, x.dtype(), x.device());
+    const size_t row = static_cast<size_t>(s[3]) * DataTypeSize(x.dtype());
+    const auto* src = static_cast<const char*>(x.data());
+    auto* dst = static_cast<char*>(out.data());
+    for (int64_t b = 0; b < s[0]; ++b) {
+        for (int64_t i = 0; i < s[1]; ++i) {
+            for (int64_t j = 0; j < s[2]; ++j) {
+                std::memcpy(dst + ((b * s[2] + j) * s[1] + i) * row, src + ((b * s[1] + i) * s[2] + j) * row, row);
+            }
+        }
+    }
+    return out;
+}
+
+void SdpaBthdKernel(KernelContext& ctx) {
+    std::vector<Tensor> in = {SwapMiddle(ctx.in[0]), SwapMiddle(ctx.in[1]), SwapMiddle(ctx.in[2])};
+    std::vector<Tensor> out = {Tensor::Empty(in[0].shape(), in[0].dtype(), in[0].device()), ctx.out[1]};
+    KernelContext sub{in, out, ctx.attrs, ctx.device, ctx.stream, ctx.op};
+    SdpaKernel(sub);
+    SwapMiddle(out[0], &ctx.out[0]);
+}
+
+void SdpaBthdBackwardKernel(KernelContext& ctx) {
+    std::vector<Tensor> in;
+    for (int k = 0; k < 5; ++k) in.push_back(SwapMiddle(ctx.in[k]));
+    in.push_back(ctx.in[5]);
+    std::vector<Tensor> out;
+    for (int k = 1; k < 4; ++k) out.push_back(Tensor::Empty(in[k].shape(), in[k].dtype(), in[k].device()));
+    KernelContext sub{in, out, ctx.attrs, ctx.device, ctx.stream, ctx.op};
+    SdpaBackwardKernel(sub);
+    for (int k = 0; k < 3; ++k) SwapMiddle(out[k], &ctx.out[k]);
+}
+
 }  // namespace
 
 REGISTER_KERNEL(DeviceType::kCPU, "rope", RopeKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "sdpa", SdpaKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "sdpa_backward", SdpaBackwardKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "sdpa_bthd", SdpaBthdKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "sdpa_bthd_backward", SdpaBthdBackwardKernel);
 
 }  // namespace infinitrain::cpu

@@ -72,11 +72,9 @@ class Attention(nn.Module):
         k = self.k_proj(x).reshape(B, T, nkv, hd)
         if self.q_norm is not None:  # QK-norm: RMSNorm over each head's vector, before the rotation
             q, k = self.q_norm(q), self.k_norm(k)
-        q = F.rope(q, cos, sin).transpose(1, 2)
-        k = F.rope(k, cos, sin).transpose(1, 2)
-        v = self.v_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
+        v = self.v_proj(x).reshape(B, T, nkv, hd)
+        y = F.attention_bthd(F.rope(q, cos, sin), F.rope(k, cos, sin), v, is_causal=True)
+        return self.o_proj(y.reshape(B, T, nh * hd))
 
 
 class DecoderBlock(nn.Module):

@@ -49,9 +49,9 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         hs = C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.reshape(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        q, k, v = (t.reshape(B, T, self.n_head, hs) for t in (q, k, v))
+        y = F.attention_bthd(q, k, v, is_causal=True)  # [B, T, H, hs]: no transposes
+        return self.c_proj(y.reshape(B, T, C))
 
 
 class MLP(nn.Module):

@@ -99,11 +99,10 @@ class Attention(nn.Module):
         B, T, C = x.shape
         nh, nkv, hd = self.cfg.n_head, self.cfg.n_kv_head, self.cfg.head_dim
         q, k, v = self.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=2)
-        q = F.rope(q.reshape(B, T, nh, hd), cos, sin).transpose(1, 2)
-        k = F.rope(k.reshape(B, T, nkv, hd), cos, sin).transpose(1, 2)
-        v = v.reshape(B, T, nkv, hd).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # grouped-query heads, no repeat
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+        q = F.rope(q.reshape(B, T, nh, hd), cos, sin)
+        k = F.rope(k.reshape(B, T, nkv, hd), cos, sin)
+        y = F.attention_bthd(q, k, v.reshape(B, T, nkv, hd), is_causal=True)  # grouped-query heads, no repeat
+        return self.c_proj(y.reshape(B, T, C))
 
 
 class MLP(nn.Module):

@@ -96,9 +96,9 @@ class GPT2AttentionTP(_TPModule):
         B, T, _ = x.shape
         w = self.heads * self.hs
         q, k, v = self.c_attn(x).split(w, dim=2)
-        q, k, v = (t.reshape(B, T, self.heads, self.hs).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, w))
+        q, k, v = (t.reshape(B, T, self.heads, self.hs) for t in (q, k, v))
+        y = F.attention_bthd(q, k, v, is_causal=True)
+        return self.c_proj(y.reshape(B, T, w))
 
 
 class GPT2MLPTP(_TPModule):
@@ -153,11 +153,10 @@ class LLaMA3AttentionTP(_TPModule):
         B, T, _ = x.shape
         nh, nkv, hd = self.heads, self.kv_heads, self.hd
         q, k, v = self._qkv(x).split([nh * hd, nkv * hd, nkv * hd], dim=2)
-        q = F.rope(q.reshape(B, T, nh, hd), cos, sin).transpose(1, 2)
-        k = F.rope(k.reshape(B, T, nkv, hd), cos, sin).transpose(1, 2)
-        v = v.reshape(B, T, nkv, hd).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
+        q = F.rope(q.reshape(B, T, nh, hd), cos, sin)
+        k = F.rope(k.reshape(B, T, nkv, hd), cos, sin)
+        y = F.attention_bthd(q, k, v.reshape(B, T, nkv, hd), is_causal=True)
+        return self.c_proj(y.reshape(B, T, nh * hd))
 
 
 class LLaMA3MLPTP(_TPModule):

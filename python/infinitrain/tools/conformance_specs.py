@@ -370,6 +370,29 @@ def _sdpa_backward_ref(xs, at, d):
     return [ds @ kk * scale, dk, dv]
 
 
+def _bthd(a):
+    return np.ascontiguousarray(np.swapaxes(a, 1, 2))  # [B, H, T, D] <-> [B, T, H, D]
+
+
+def _sdpa_bthd_make(gen, d):
+    ins, attrs = _sdpa_make(gen, d)
+    return [(_bthd(a), dt) for a, dt in ins], attrs
+
+
+def _sdpa_bthd_ref(xs, at, d):
+    out, lse = _sdpa_ref([_bthd(a) for a in xs], at, d)
+    return [_bthd(out), lse]
+
+
+def _sdpa_bthd_backward_make(gen, d):
+    ins, attrs = _sdpa_backward_make(gen, d)
+    return [(_bthd(a), dt) for a, dt in ins[:5]] + [ins[5]], attrs
+
+
+def _sdpa_bthd_backward_ref(xs, at, d):
+    return [_bthd(r) for r in _sdpa_backward_ref([_bthd(a) for a in xs[:5]] + [xs[5]], at, d)]
+
+
 _IGNORE = -100
 
 
@@ -733,6 +756,8 @@ SPECS = {
     "rope": Spec(_rope_make, _rope_ref),
     "sdpa": Spec(_sdpa_make, _sdpa_ref, rel16=ATTENTION_16),
     "sdpa_backward": Spec(_sdpa_backward_make, _sdpa_backward_ref, rel16=ATTENTION_16),
+    "sdpa_bthd": Spec(_sdpa_bthd_make, _sdpa_bthd_ref, rel16=ATTENTION_16),
+    "sdpa_bthd_backward": Spec(_sdpa_bthd_backward_make, _sdpa_bthd_backward_ref, rel16=ATTENTION_16),
     "cross_entropy": Spec(_ce_make, _ce_ref),
     "cross_entropy_backward": Spec(_ce_backward_make, _ce_backward_ref),
     "adamw_": Spec(_adamw_make, _adamw_ref),
