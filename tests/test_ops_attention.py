@@ -248,16 +248,32 @@ def test_sdpa_backward_finite_difference(causal):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sdpa_empty(dtype):
+@pytest.mark.parametrize("d", [8, 64])  # 64: a head dim the GPU flash kernels take
+def test_sdpa_empty(dtype, d):
     """No queries: empty outputs, zero dk and dv."""
-    q, k = np.zeros((1, 2, 0, 8)), round_to(randn(1, 1, 5, 8), dtype)
+    q, k = np.zeros((1, 2, 0, d)), round_to(randn(1, 1, 5, d), dtype)
     out, lse = run("sdpa", [to_device(q, dtype), to_device(k, dtype), to_device(k, dtype)], [0, 0.5])
-    assert out.shape == (1, 2, 0, 8) and lse.shape == (1, 2, 0)
+    assert out.shape == (1, 2, 0, d) and lse.shape == (1, 2, 0)
     ins = [to_device(a, dtype) for a in (q, q, k, k, q)] + [to_device(np.zeros((1, 2, 0)), stat_dtype(dtype))]
     dq, dk, dv = run("sdpa_backward", ins, [0, 0.5])
-    assert dq.shape == (1, 2, 0, 8)
+    assert dq.shape == (1, 2, 0, d)
     assert_close(dk, np.zeros(k.shape), dtype, what="dk")
     assert_close(dv, np.zeros(k.shape), dtype, what="dv")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [8, 64])
+def test_sdpa_no_keys(dtype, d):
+    """No keys (non-causal): out 0, lse -inf, and zero gradients for q."""
+    q, k = round_to(randn(1, 2, 3, d), dtype), np.zeros((1, 1, 0, d))
+    out, lse = run("sdpa", [to_device(q, dtype), to_device(k, dtype), to_device(k, dtype)], [0, 0.5])
+    assert_close(out, np.zeros(q.shape), dtype, what="out")
+    assert (lse.numpy() == -np.inf).all(), lse.numpy()
+    g = round_to(randn(*q.shape), dtype)
+    ins = [to_device(a, dtype) for a in (g, q, k, k, np.zeros(q.shape))] + [lse]
+    dq, dk, dv = run("sdpa_backward", ins, [0, 0.5])
+    assert_close(dq, np.zeros(q.shape), dtype, what="dq")
+    assert dk.shape == k.shape and dv.shape == k.shape
 
 
 def f32(*shape):

@@ -192,10 +192,11 @@ def ref_rmsnorm(x, w, eps):
     return x * rstd * w, rstd[..., 0]
 
 
+EPS = {"float32": 2.0**-23, "float64": 2.0**-52, "bfloat16": 2.0**-7, "float16": 2.0**-10}  # unit roundoff x 2
+
 # (case, scale of the row's spread, offset of its mean, dtypes): tiny rows are dominated by eps; huge ones square
 # past float32's range (1e20^2) unless accumulated in double; an offset of 1e4 over a spread of 1e-2 cancels
 # catastrophically in a one-pass variance (float32 only: in float64 that condition, 1e6, eats float64's rtol).
-EPS = {"float32": 2.0**-23, "float64": 2.0**-52, "bfloat16": 2.0**-7, "float16": 2.0**-10}  # unit roundoff x 2
 NORM_CASES = [
     ("tiny", 1e-20, 0.0, ("float32", "float64")),
     ("small", 1e-3, 0.0, DTYPES),

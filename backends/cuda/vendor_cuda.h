@@ -117,7 +117,7 @@ inline constexpr LaneMask kFullLaneMask = ~LaneMask{0};
 inline constexpr bool kHasTileMma = true;
 
 // One 32-lane warp: C[16x16] (float) += A[16x16] * B[16x16] (bf16_t or fp16_t), as two
-// mma.sync.aligned.m16n8k16.row.col (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"):
+// mma.sync.aligned.m16n8k16.row.col, in the fragment layout PTX defines for that shape (sm_80 and later):
 // B's columns 0-7 and 8-15 are the two n8 halves. Element i of a lane's fragment holds the matrix element the index
 // functions name: A (row, k), B (k, col), C (row, col); g = lane / 4 is PTX's groupID, t = lane % 4 its
 // threadID_in_group. Elements 2j and 2j + 1 share one 32-bit register (2j in the low half).

@@ -11,7 +11,8 @@
 //       dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * out));  dQ = scale * dS K;  dK = scale * dS^T Q,
 //     where the [S, g*T] @ [g*T, D] products sum over the g query heads of a kv head by construction.
 //   sdpa_bthd(q [B, T, Hq, D], ...) runs sdpa between SwapMiddle copies.
-//   Scratch is O(B * Hq * T * S) (one score matrix forward, two backward); a fused flash kernel replaces it later.
+//   This is the GEMM path: scratch is O(B * Hq * T * S) (one score matrix forward, two backward, plus 16-bit
+//   copies of P); flash_attention.cuh runs without it where it applies.
 // Precision: softmax in float32 (float64 for float64 inputs). float32/float64 GEMMs in their own type; bfloat16/
 // float16 GEMMs take their 16-bit operands as they are (tensor cores, float32 accumulation) with P and dS rounded
 // to the 16-bit type before their products, as cuDNN and the flash kernels do; lse is float32 (float64).

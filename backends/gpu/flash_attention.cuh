@@ -14,7 +14,7 @@
 //     C[16x16] f32 += A[16x16] B[16x16] 16-bit; per-lane fragments whose elements' (row, col) its index functions
 //     give). Fragments are loaded from shared memory through those functions and the softmax reads rows through
 //     C's, so any layout satisfying the static_asserts below works. P and dS are rounded to the input type before
-//     their products (as cuDNN and FlashAttention do). A warp owns 16 rows; 4 warps a block.
+//     their products (tensor cores take 16-bit operands). A warp owns 16 rows; 4 warps a block.
 //   kSimt: float32 FMAs on any vendor (float32 inputs; 16-bit ones where there is no TileMma); P and dS stay
 //     float32. A row is shared by kD / 16 lanes of a 32-lane group (shuffles of width 32), so 64-lane warps work.
 //   kTileMmaStaged: kTileMma with P and dS passed to A fragments through shared memory, as on a vendor whose C and
@@ -828,7 +828,7 @@ inline unsigned Tiles(int64_t n, int tile) { return static_cast<unsigned>((n + t
 
 template <typename T, FlashPolicy P, int kD>
 void ForwardD(const T* q, const T* k, const T* v, T* out, float* lse, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_len,
-              int64_t S, bool causal, float scale, NativeStream_t stream) {
+              int64_t S, bool causal, float scale, NativeStream_t stream, const char* op) {
     const int g = static_cast<int>(Hq / Hkv), Tn = static_cast<int>(T_len), Sn = static_cast<int>(S);
     const float sl2 = scale * kLog2e;
     if constexpr (P == FlashPolicy::kSimt) {
@@ -841,19 +841,19 @@ void ForwardD(const T* q, const T* k, const T* v, T* out, float* lse, int64_t B,
         FwdTc<TileMma, kStage, T, kD>
             <<<grid, kBlockThreads, 0, stream>>>(q, k, v, out, lse, static_cast<int>(Hq), g, Tn, Sn, causal, sl2);
     }
-    GPU_CHECK_LAUNCH("sdpa");
+    GPU_CHECK_LAUNCH(op);
 }
 
 template <typename T, FlashPolicy P, int kD>
 void BackwardD(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse, T* dq, T* dk, T* dv,
                float* dsum, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_len, int64_t S, bool causal, float scale,
-               NativeStream_t stream) {
+               NativeStream_t stream, const char* op) {
     const int g = static_cast<int>(Hq / Hkv), Tn = static_cast<int>(T_len), Sn = static_cast<int>(S);
     const float sl2 = scale * kLog2e;
     const int64_t rows = B * Hq * T_len;
     if (rows > 0) {
         RowDotKernel<T, kD><<<Blocks(rows, kBlockThreads / kGroup), kBlockThreads, 0, stream>>>(dout, out, dsum, rows);
-        GPU_CHECK_LAUNCH("sdpa_backward");
+        GPU_CHECK_LAUNCH(op);
     }
     constexpr bool kSimt = P == FlashPolicy::kSimt;
     constexpr bool kStage = P == FlashPolicy::kTileMmaStaged;
@@ -867,7 +867,7 @@ void BackwardD(const T* dout, const T* q, const T* k, const T* v, const T* out, 
             DqTc<TileMma, kStage, T, kD><<<grid, kBlockThreads, 0, stream>>>(
                 q, k, v, dout, lse, dsum, dq, static_cast<int>(Hq), g, Tn, Sn, causal, sl2, scale);
         }
-        GPU_CHECK_LAUNCH("sdpa_backward");
+        GPU_CHECK_LAUNCH(op);
     }
     if (B * Hkv * S > 0) {
         if constexpr (kSimt) {
@@ -879,7 +879,7 @@ void BackwardD(const T* dout, const T* q, const T* k, const T* v, const T* out, 
             DkvTc<TileMma, kStage, T, kD><<<grid, kBlockThreads, 0, stream>>>(
                 q, k, v, dout, lse, dsum, dk, dv, static_cast<int>(Hkv), g, Tn, Sn, causal, sl2, scale);
         }
-        GPU_CHECK_LAUNCH("sdpa_backward");
+        GPU_CHECK_LAUNCH(op);
     }
 }
 
@@ -888,7 +888,8 @@ void BackwardD(const T* dout, const T* q, const T* k, const T* v, const T* out, 
 // out [B, Hq, T, D] and lse [B, Hq, T] of sdpa; false (nothing launched) where the kernels do not apply.
 template <typename T, FlashPolicy P = DefaultFlashPolicy<T>()>
 bool LaunchFlashForward(const T* q, const T* k, const T* v, T* out, float* lse, int64_t B, int64_t Hq, int64_t Hkv,
-                        int64_t T_len, int64_t S, int64_t D, bool causal, double scale, NativeStream_t stream) {
+                        int64_t T_len, int64_t S, int64_t D, bool causal, double scale, NativeStream_t stream,
+                        const char* op = "sdpa") {
     if constexpr (!flash::Supported<T, P>()) {
         return false;
     } else {
@@ -899,9 +900,9 @@ bool LaunchFlashForward(const T* q, const T* k, const T* v, T* out, float* lse, 
         }
         if (B * Hq * T_len == 0) return true;
         const float sc = static_cast<float>(scale);
-        if (D == 32) flash::ForwardD<T, P, 32>(q, k, v, out, lse, B, Hq, Hkv, T_len, S, causal, sc, stream);
-        if (D == 64) flash::ForwardD<T, P, 64>(q, k, v, out, lse, B, Hq, Hkv, T_len, S, causal, sc, stream);
-        if (D == 128) flash::ForwardD<T, P, 128>(q, k, v, out, lse, B, Hq, Hkv, T_len, S, causal, sc, stream);
+        if (D == 32) flash::ForwardD<T, P, 32>(q, k, v, out, lse, B, Hq, Hkv, T_len, S, causal, sc, stream, op);
+        if (D == 64) flash::ForwardD<T, P, 64>(q, k, v, out, lse, B, Hq, Hkv, T_len, S, causal, sc, stream, op);
+        if (D == 128) flash::ForwardD<T, P, 128>(q, k, v, out, lse, B, Hq, Hkv, T_len, S, causal, sc, stream, op);
         return true;
     }
 }
@@ -910,7 +911,8 @@ bool LaunchFlashForward(const T* q, const T* k, const T* v, T* out, float* lse, 
 template <typename T, FlashPolicy P = DefaultFlashPolicy<T>()>
 bool LaunchFlashBackward(const T* dout, const T* q, const T* k, const T* v, const T* out, const float* lse, T* dq,
                          T* dk, T* dv, float* d_scratch, int64_t B, int64_t Hq, int64_t Hkv, int64_t T_len, int64_t S,
-                         int64_t D, bool causal, double scale, NativeStream_t stream) {
+                         int64_t D, bool causal, double scale, NativeStream_t stream,
+                         const char* op = "sdpa_backward") {
     if constexpr (!flash::Supported<T, P>()) {
         return false;
     } else {
@@ -924,15 +926,15 @@ bool LaunchFlashBackward(const T* dout, const T* q, const T* k, const T* v, cons
         const float sc = static_cast<float>(scale);
         if (D == 32) {
             flash::BackwardD<T, P, 32>(dout, q, k, v, out, lse, dq, dk, dv, d_scratch, B, Hq, Hkv, T_len, S, causal, sc,
-                                       stream);
+                                       stream, op);
         }
         if (D == 64) {
             flash::BackwardD<T, P, 64>(dout, q, k, v, out, lse, dq, dk, dv, d_scratch, B, Hq, Hkv, T_len, S, causal, sc,
-                                       stream);
+                                       stream, op);
         }
         if (D == 128) {
             flash::BackwardD<T, P, 128>(dout, q, k, v, out, lse, dq, dk, dv, d_scratch, B, Hq, Hkv, T_len, S, causal,
-                                        sc, stream);
+                                        sc, stream, op);
         }
         return true;
     }

@@ -1,4 +1,5 @@
-// Op adapters for rope, sdpa and sdpa_backward (kernels in attention.cuh, GEMMs in gemm.cuh).
+// Op adapters for rope, sdpa, sdpa_backward and sdpa_bthd(_backward) (kernels in attention.cuh and
+// flash_attention.cuh, GEMMs in gemm.cuh).
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -90,7 +91,7 @@ template <typename T>
 void SdpaForward(KernelContext& ctx) {
     using C = Acc<T>;
     constexpr bool k16 = !std::is_same<T, C>::value;
-    const char* op = "sdpa";
+    const char* op = ctx.op ? ctx.op->name() : "sdpa";  // sdpa_bthd runs this on a sub-context
     const Tensor &q = ctx.in[0], &k = ctx.in[1], &v = ctx.in[2];
     const Tensor &out = ctx.out[0], &lse = ctx.out[1];
     const bool causal = ctx.i(0) != 0;
@@ -102,7 +103,7 @@ void SdpaForward(KernelContext& ctx) {
     if constexpr (!std::is_same<T, double>::value) {
         if (UseFlash<T>() &&
             LaunchFlashForward<T>(q.data<T>(), k.data<T>(), v.data<T>(), out.data<T>(), lse.data<float>(), d.B, d.Hq,
-                                  d.Hkv, d.T, d.S, d.D, causal, scale, s)) {
+                                  d.Hkv, d.T, d.S, d.D, causal, scale, s, op)) {
             return;
         }
     }
@@ -126,7 +127,7 @@ template <typename T>
 void SdpaBackward(KernelContext& ctx) {
     using C = Acc<T>;
     constexpr bool k16 = !std::is_same<T, C>::value;
-    const char* op = "sdpa_backward";
+    const char* op = ctx.op ? ctx.op->name() : "sdpa_backward";
     const Tensor &g = ctx.in[0], &q = ctx.in[1], &k = ctx.in[2], &v = ctx.in[3], &o = ctx.in[4], &lse = ctx.in[5];
     const Tensor &dq = ctx.out[0], &dk = ctx.out[1], &dv = ctx.out[2];
     const bool causal = ctx.i(0) != 0;
@@ -140,7 +141,7 @@ void SdpaBackward(KernelContext& ctx) {
             Tensor rowdot = Scratch(ctx, {std::max<int64_t>(rows, 1)}, DataType::kFloat32);  // rowsum(dO * out)
             if (LaunchFlashBackward<T>(g.data<T>(), q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(),
                                        lse.data<float>(), dq.data<T>(), dk.data<T>(), dv.data<T>(),
-                                       rowdot.data<float>(), d.B, d.Hq, d.Hkv, d.T, d.S, d.D, causal, scale, s)) {
+                                       rowdot.data<float>(), d.B, d.Hq, d.Hkv, d.T, d.S, d.D, causal, scale, s, op)) {
                 return;
             }
         }

@@ -1,6 +1,8 @@
 // Op adapters for softmax, log_softmax, their backwards, layernorm, rmsnorm and their backwards (kernels in
 // norm.cuh).
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "backends/gpu/context.h"
@@ -140,12 +142,14 @@ void NormBackward(KernelContext& ctx, const char* op) {
                 const int64_t groups = kThreads / kGroup;
                 const int64_t blocks = std::min<int64_t>(256, (rows + groups - 1) / groups);
                 Tensor partial = Scratch(ctx, {blocks * W}, DataType::kFloat64);
-                DispatchPerLane(C, [&](auto per) {
+                const bool fused = DispatchPerLane(C, [&](auto per) {
                     NormBackwardGroupKernel<kRms, decltype(per)::value, T, true>
                         <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(g.data<T>(), x.data<T>(), w.data<T>(), mp,
                                                                             rstd.data<S>(), dx.data<T>(),
                                                                             partial.data<double>(), rows, C);
                 });
+                if (!fused)
+                    throw std::logic_error(std::string(op) + ": no group kernel for rows of " + std::to_string(C));
                 GPU_CHECK_LAUNCH(op);
                 NormParamsCombineKernel<T><<<static_cast<unsigned>((W + 31) / 32), dim3(32, 32), 0, s>>>(
                     partial.data<double>(), dw.data<T>(), db ? db->data<T>() : nullptr, C, W, blocks);

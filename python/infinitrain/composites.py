@@ -91,14 +91,13 @@ def _bhtd(t):
 
 
 def sdpa_bthd(q, k, v, causal, scale):
-    """sdpa on [B, T, H, D] tensors: the [B, H, T, D] op between transposes."""
-    out, lse = dispatch.call("sdpa", [_bhtd(q), _bhtd(k), _bhtd(v)], [int(causal), scale])
-    return _bhtd(Tensor(out)), Tensor(lse)
+    """sdpa's composite on [B, T, H, D] tensors, between transposes."""
+    out, lse = sdpa(_bhtd(q), _bhtd(k), _bhtd(v), causal, scale)
+    return _bhtd(out), lse
 
 
 def sdpa_bthd_backward(grad, q, k, v, out, lse, causal, scale):
-    ins = [_bhtd(t) for t in (grad, q, k, v, out)] + [lse]
-    return [_bhtd(Tensor(t)) for t in dispatch.call("sdpa_backward", ins, [int(causal), scale])]
+    return [_bhtd(t) for t in sdpa_backward(*(_bhtd(t) for t in (grad, q, k, v, out)), lse, causal, scale)]
 
 
 def sdpa_backward(grad, q, k, v, out, lse, causal, scale):

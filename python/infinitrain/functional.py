@@ -1138,8 +1138,8 @@ def scaled_dot_product_attention(
 
 def attention_bthd(query, key, value, is_causal=False, scale=None):
     """Fused attention in the layout the projections produce: q [B, T, Hq, D], k, v [B, S, Hkv, D] -> out
-    [B, T, Hq, D], Hq a multiple of Hkv. The same result as transposing q, k, v to [B, H, T, D], calling
-    scaled_dot_product_attention and transposing back, without those copies (not a PyTorch name)."""
+    [B, T, Hq, D], Hq a multiple of Hkv; causal needs T == S. The result of transposing q, k, v to [B, H, T, D],
+    calling scaled_dot_product_attention and transposing back, without those copies (not a PyTorch name)."""
     q, k, v = _autocast(query, key, value)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return _sdpa(q, k, v, bool(is_causal), scale, "sdpa_bthd")

@@ -5,7 +5,7 @@ a PIC object and returns CcInfo, so cc_library, cc_binary (linkshared too)
 and provider_extension can depend on it like on a cc_library. The host
 compiler is the C++ toolchain's. The GPU architectures come from the string
 flag //toolchains/cuda:archs (default sm_90; a comma list such as
-"sm_80,sm_90", each compiled to SASS for that architecture).
+"sm_80,sm_90", each compiled to SASS for that architecture; sm_80 at least).
 """
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
@@ -22,6 +22,9 @@ def _archs_flag_impl(ctx):
         num = a[3:].rstrip("af")
         if not a.startswith("sm_") or not num.isdigit():
             fail("--//toolchains/cuda:archs: '%s' is not an architecture such as sm_90 or sm_90a" % a)
+        if int(num) < 80:
+            # The flash-attention kernels' bf16 tensor-core products (mma.sync m16n8k16) need sm_80.
+            fail("--//toolchains/cuda:archs: '%s' is older than sm_80, the oldest the cuda provider builds for" % a)
     return [CudaArchsInfo(archs = archs)]
 
 cuda_archs_flag = rule(

@@ -401,4 +401,12 @@ MUTANTS = [
         "embedding backward drops each row's last occurrence",
         ops("index"),
     ),
+    Mutant(
+        "K23",
+        "infinitrain/kernels/cpu/attention.cc",
+        "std::memcpy(dst + ((b * s[2] + j) * s[1] + i) * row,",
+        "std::memcpy(dst + ((b * s[1] + i) * s[2] + j) * row,",
+        "sdpa_bthd's layout swap copies rows in place of swapping the head and sequence dims",
+        ops("attention"),
+    ),
 ]

@@ -31,6 +31,9 @@
 namespace infinitrain::cpu {
 namespace {
 
+// The running op's name for errors (sdpa_bthd runs the sdpa kernels on a sub-context of its own op).
+const char* OpName(const KernelContext& ctx, const char* fallback) { return ctx.op ? ctx.op->name() : fallback; }
+
 // ---- rope -------------------------------------------------------------------
 
 void RopeKernel(KernelContext& ctx) {
@@ -167,7 +170,7 @@ void SdpaForward(KernelContext& ctx) {
     // Per thread: the scores, plus widened q, k, v and the output for bfloat16/float16.
     const uint64_t per = ts + (kWiden ? 2 * td + 2 * sd : 0);
     Scratch<C> scratch;
-    C* base = d.S ? HeadScratch<C>("sdpa", d, per, &threads, scratch) : nullptr;
+    C* base = d.S ? HeadScratch<C>(OpName(ctx, "sdpa"), d, per, &threads, scratch) : nullptr;
     ForEachHead(d.B * d.Hq, threads, [&](int64_t bh, int worker) {
         int64_t b = bh / d.Hq, h = bh % d.Hq, kvh = b * d.Hkv + h / group;
         const T* qh = qp + bh * td;
@@ -227,13 +230,12 @@ void SdpaForward(KernelContext& ctx) {
 }
 
 void SdpaKernel(KernelContext& ctx) {
-    CheckBlas("sdpa", GetDims(ctx.in[0], ctx.in[1]));
+    CheckBlas(OpName(ctx, "sdpa"), GetDims(ctx.in[0], ctx.in[1]));
     DispatchFloat(ctx.in[0].dtype(), "sdpa", [&](auto tag) { SdpaForward<decltype(tag)>(ctx); });
 }
 
-// The backward meta only checks grad against q; check everything else here before touching memory.
-void CheckBackwardInputs(const std::vector<Tensor>& in, bool causal) {
-    const char* op = "sdpa_backward";
+// Checks the backward's inputs against each other before touching memory.
+void CheckBackwardInputs(const char* op, const std::vector<Tensor>& in, bool causal) {
     const Tensor &q = in[1], &k = in[2], &v = in[3], &o = in[4], &lse = in[5];
     for (int i = 0; i < 5; ++i) {
         if (in[i].dtype() != q.dtype()) {
@@ -284,7 +286,7 @@ void SdpaBackward(KernelContext& ctx) {
     // Per thread: P, dP, the dk, dv accumulators, plus widened k, v, q, dO and dq for bfloat16/float16.
     const uint64_t per = 2 * ts + 2 * sd + (kWiden ? 2 * sd + 3 * td : 0);
     Scratch<C> scratch;
-    C* base = HeadScratch<C>("sdpa_backward", d, per, &threads, scratch);
+    C* base = HeadScratch<C>(OpName(ctx, "sdpa_backward"), d, per, &threads, scratch);
     ForEachHead(d.B * d.Hkv, threads, [&](int64_t bg, int worker) {
         int64_t b = bg / d.Hkv, gh = bg % d.Hkv;
         C *P = base + worker * per, *dP = P + ts, *dkb = dP + ts, *dvb = dkb + sd;
@@ -362,14 +364,15 @@ void SdpaBackward(KernelContext& ctx) {
 }
 
 void SdpaBackwardKernel(KernelContext& ctx) {
+    const char* op = OpName(ctx, "sdpa_backward");
     // The backward meta checks only the attribute count.
-    if (!std::holds_alternative<int64_t>(ctx.attrs[0])) OpError("sdpa_backward", "attribute 'causal' must be an int");
+    if (!std::holds_alternative<int64_t>(ctx.attrs[0])) OpError(op, "attribute 'causal' must be an int");
     if (std::holds_alternative<std::vector<int64_t>>(ctx.attrs[1]) ||
         std::holds_alternative<std::string>(ctx.attrs[1])) {
-        OpError("sdpa_backward", "attribute 'scale' must be a float");
+        OpError(op, "attribute 'scale' must be a float");
     }
-    CheckBackwardInputs(ctx.in, ctx.i(0) != 0);
-    CheckBlas("sdpa_backward", GetDims(ctx.in[1], ctx.in[2]));
+    CheckBackwardInputs(op, ctx.in, ctx.i(0) != 0);
+    CheckBlas(op, GetDims(ctx.in[1], ctx.in[2]));
     DispatchFloat(ctx.in[1].dtype(), "sdpa_backward", [&](auto tag) { SdpaBackward<decltype(tag)>(ctx); });
 }
 
