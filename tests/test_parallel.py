@@ -1,7 +1,9 @@
 """Tensor, sequence and pipeline parallelism (infinitrain.parallel) under the launcher: each layout trains tiny
-GPT-2 and LLaMA 3 for 10 steps and its loss curve equals the single-device run's (fp32 within 1e-5, bf16
-within 1e-2); each pipeline schedule holds the activations it should (measured); bad layouts are refused before
-any work. On the cpu suite the ranks talk over Gloo; on a provider's suite their tensors are on its device.
+GPT-2 and LLaMA 3 (and on some layouts Mixtral, its experts split across the tensor-parallel ranks) for 10 steps
+and its loss curve equals the single-device run's (fp32 within 1e-5, bf16 within 1e-2), Mixtral's balancing loss
+too; Mixtral's expert-parallel shards reload and merge into the single-device state; each pipeline schedule
+holds the activations it should (measured); bad layouts are refused before any work. On the cpu suite the ranks
+talk over Gloo; on a provider's suite their tensors are on its device.
 
 Two launches (2 and 4 processes) run every layout of their size in turn, for both models; the single-device
 reference is a plain model and optimizer in one process, on the same fresh random seeds."""
@@ -25,7 +27,7 @@ import numpy as np
 import infinitrain as it
 import infinitrain.distributed as dist
 from infinitrain import parallel
-from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config, Mixtral, MixtralConfig
 
 KIND, OUT = os.environ["TEST_DEVICE"], os.environ["TEST_OUT"]
 STEPS, T, GLOBAL_B, MICRO = (int(v) for v in os.environ["TEST_SIZES"].split(","))
@@ -38,11 +40,14 @@ DEV = "cpu" if KIND == "cpu" else f"{KIND}:{int(os.environ.get('LOCAL_RANK', '0'
 HYPER = {"lr": 3e-3, "eps": 1e-6, "weight_decay": 0.1}  # eps: see test_ddp.py
 
 
-def build(model):
-    it.manual_seed(SEED)
+def build(model, seed=None):
+    it.manual_seed(SEED if seed is None else seed)
     if model == "gpt2":
         cfg = GPT2Config(block_size=T, vocab_size=61, padded_vocab_size=64, n_layer=4, n_head=4, n_embd=32)
         return GPT2(cfg, DEV)
+    if model == "mixtral":  # 4 experts, top-2, with the router's balancing loss
+        cfg = MixtralConfig(T, 61, 4, 4, 2, 32, intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+        return Mixtral(cfg, DEV)
     return LLaMA3(LLaMA3Config(T, 61, 4, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16), DEV)
 
 
@@ -54,23 +59,37 @@ def batches():
         yield corpus[starts[..., None] + np.arange(T + 1)]
 
 
-def reference(model, dtype):
+def reference(model, dtype, replicas=1):
+    # replicas > 1: each micro-batch's rows in that many parts, each its own micro-batch, as data parallelism
+    # sees them (Mixtral's balancing loss is not linear in the rows)
     m = build(model)
     opt = it.optim.AdamW(m.parameters(), **HYPER)
-    losses = []
+    losses, auxes = [], []
+    b = GLOBAL_B // replicas
     for tokens in batches():
         opt.zero_grad()
         total = 0.0
         for k in range(MICRO):
-            x, y = (it.from_numpy(a, device=DEV) for a in (tokens[k, :, :-1], tokens[k, :, 1:]))
-            with it.amp.autocast(DEV, dtype="bfloat16", enabled=dtype == "bfloat16"):
-                _, loss = m(x, y)
-            (loss * (1.0 / MICRO)).backward()
-            total += loss.item() / MICRO
+            aux = []
+            for d in range(replicas):
+                rows = tokens[k, d * b : (d + 1) * b]
+                x, y = (it.from_numpy(a, device=DEV) for a in (rows[:, :-1], rows[:, 1:]))
+                with it.amp.autocast(DEV, dtype="bfloat16", enabled=dtype == "bfloat16"):
+                    _, loss = m(x, y)
+                (loss * (1.0 / (MICRO * replicas))).backward()
+                total += loss.item() / (MICRO * replicas)
+                if model == "mixtral":
+                    aux.append(m.aux_loss.item())
         it.optim.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         losses.append(total)
-    return {"losses": losses}
+        if model == "mixtral":  # the balancing loss of each replica's part of the last micro-batch
+            auxes.append(aux)
+    if model == "mixtral" and replicas == 1 and dtype == "float32":  # the state the merged shards must equal
+        state = {f"model.{n}": p.numpy() for n, p in m.named_parameters()}
+        state.update({f"optim.{k}": v.numpy() for k, v in opt.state_dict()["tensors"].items()})
+        np.savez(f"{OUT}.{model}.npz", **state)
+    return {"losses": losses, "aux": auxes, "names": [n for n, _ in m.named_parameters()]}
 
 
 def parallel_run(model, run):
@@ -89,7 +108,7 @@ def parallel_run(model, run):
         opt = it.optim.AdamW(params, **HYPER)
     B = GLOBAL_B // layout.dp
     rows = slice(grid.dp_rank * B, (grid.dp_rank + 1) * B)
-    losses, stats = [], None
+    losses, stats, auxes = [], None, []
     for tokens in batches():
         opt.zero_grad()
         mbs = [tuple(it.from_numpy(a, device=DEV) for a in (tokens[k, rows, :-1], tokens[k, rows, 1:]))
@@ -100,20 +119,42 @@ def parallel_run(model, run):
         opt.step()
         losses.append(loss.item())
         stats = stats or dict(engine.stats)
+        if model == "mixtral" and grid.last:  # the balancing loss of this replica's last micro-batch
+            auxes.append(pm.chunks[-1].aux_loss.item())
     # Replicas of one part (data-parallel peers; tensor-parallel copies of replicated parameters) stay equal.
     if layout.dp > 1:
         for name, p in pm.shard_parameters():
             q = p.detach().clone()
             dist.broadcast(q, grid.dp.ranks[0], grid.dp)
             assert np.array_equal(q.numpy(), p.numpy()), name
-    return {"losses": losses, "stats": stats, "stage": grid.stage, "tp_rank": grid.tp_rank, "split": pm.split}
+    if run.get("save") and model == "mixtral":
+        save_and_reload(model, run, layout, grid, pm, opt)
+    return {"losses": losses, "stats": stats, "stage": grid.stage, "tp_rank": grid.tp_rank, "split": pm.split,
+            "aux": auxes, "dp_rank": grid.dp_rank}
+
+
+def save_and_reload(model, run, layout, grid, pm, opt):
+    # Each rank writes its shard (the main file: rank 0's, with the layout); a fresh model of this layout from
+    # other weights loads its shard back.
+    from infinitrain.parallel import shards
+
+    main = f"{OUT}.{run['name']}-{model}.ckpt"
+    tensors, meta = shards.shard_tensors(pm, opt.state_dict(), grid)
+    it.checkpoint.save(shards.shard_path(main, meta["index"]), tensors, {"shard": meta,
+                       "layout": shards.layout_meta(layout)})  # fmt: skip
+    dist.barrier()
+    back, _ = it.checkpoint.load(shards.shard_path(main, meta["index"]))
+    other = parallel.ParallelModel(build(model, SEED + 1), layout, grid, sequence_length=T)
+    other.load_shard_state_dict({k[len("model."):]: v for k, v in back.items() if k.startswith("model.")})
+    for name, p in pm.shard_parameters():
+        assert np.array_equal(other.shard_state_dict()[name].numpy(), p.numpy()), name
 
 
 results = {}
 for item in json.loads(os.environ["TEST_RUNS"]):
     key = item["name"] + "/" + item["model"]
     if WORLD == 1:
-        results[key] = reference(item["model"], item.get("dtype", "float32"))
+        results[key] = reference(item["model"], item.get("dtype", "float32"), item.get("replicas", 1))
     else:
         results[key] = parallel_run(item["model"], item)
 with open(f"{OUT}.rank{RANK}.json", "w") as f:
@@ -121,28 +162,43 @@ with open(f"{OUT}.rank{RANK}.json", "w") as f:
 print(f"rank {RANK} ok", flush=True)
 """
 
-# name -> layout (every run of one launch has the same world size)
+# name -> layout (every run of one launch has the same world size); moe: Mixtral too (its experts split across
+# the tensor-parallel ranks), save: its shards are written, reloaded and merged
 LAYOUTS = {
     2: {
-        "tp2": {"tp": 2},
-        "tp2-sp": {"tp": 2, "sp": True},
+        "tp2": {"tp": 2, "moe": True},
+        "tp2-sp": {"tp": 2, "sp": True, "moe": True, "save": True},
         "pp2-gpipe": {"pp": 2, "schedule": "gpipe"},
-        "pp2-1f1b": {"pp": 2},
+        "pp2-1f1b": {"pp": 2, "moe": True},
         "pp2-vpp2": {"pp": 2, "vpp": 2},
     },
     4: {
         "tp4": {"tp": 4},
-        "tp4-sp": {"tp": 4, "sp": True},
+        "tp4-sp": {"tp": 4, "sp": True, "moe": True},
         "pp4-gpipe": {"pp": 4, "schedule": "gpipe"},
         "pp4-1f1b": {"pp": 4},
         "tp2-sp-pp2": {"tp": 2, "sp": True, "pp": 2},
-        "tp2-sp-pp2-vpp2": {"tp": 2, "sp": True, "pp": 2, "vpp": 2},
-        "dp2-tp2-zero1": {"tp": 2, "zero": True},
+        "tp2-sp-pp2-vpp2": {"tp": 2, "sp": True, "pp": 2, "vpp": 2, "moe": True, "save": True},
+        "dp2-tp2-zero1": {"tp": 2, "zero": True, "moe": True},
         "tp2-sp-pp2-bf16": {"tp": 2, "sp": True, "pp": 2, "dtype": "bfloat16"},
     },
 }
 MODELS = ("gpt2", "llama3")
-CASES = [(n, name, model) for n, runs in LAYOUTS.items() for name in runs for model in MODELS]
+
+
+def _models(layout):
+    return MODELS + ("mixtral",) if layout.get("moe") else MODELS
+
+
+def _ref_key(n, layout, model):
+    """The reference run a layout's curve must equal: Mixtral's data-parallel runs have their own (each replica's
+    rows are a micro-batch of the balancing loss)."""
+    dtype = layout.get("dtype", "float32")
+    dp = n // (layout.get("tp", 1) * layout.get("pp", 1))
+    return f"{dtype}-dp{dp}/{model}" if model == "mixtral" and dp > 1 else f"{dtype}/{model}"
+
+
+CASES = [(n, name, model) for n, runs in LAYOUTS.items() for name in runs for model in _models(runs[name])]
 
 
 def _launch(tmp, n, runs, seeds):
@@ -177,21 +233,44 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
     out = {}
     ref_runs = [{"name": d, "model": m, "dtype": d} for d in ("float32", "bfloat16") for m in MODELS]
+    ref_runs += [{"name": "float32", "model": "mixtral"}, {"name": "float32-dp2", "model": "mixtral", "replicas": 2}]
     out[1] = _launch(tmp, 1, ref_runs, seeds)
     for n, layouts in LAYOUTS.items():
-        items = [dict(layout, name=name, model=m) for name, layout in layouts.items() for m in MODELS]
+        items = [dict(layout, name=name, model=m) for name, layout in layouts.items() for m in _models(layout)]
         out[n] = _launch(tmp, n, items, seeds)
+    out["tmp"] = tmp
     return out
 
 
 @pytest.mark.parametrize("n,name,model", CASES, ids=[f"{name}-{model}" for _, name, model in CASES])
 def test_layout_equals_single_device(runs, n, name, model):
     dtype = LAYOUTS[n][name].get("dtype", "float32")
-    ref = runs[1][0][f"{dtype}/{model}"]["losses"]
+    ref_run = runs[1][0][_ref_key(n, LAYOUTS[n][name], model)]
+    ref = ref_run["losses"]
     for rank, res in enumerate(runs[n]):
         got = res[f"{name}/{model}"]["losses"]
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 if dtype == "float32" else 1e-2, err_msg=f"rank {rank}")
+        if model == "mixtral" and res[f"{name}/{model}"]["aux"]:  # the last stage: the balancing loss itself
+            want = [a[res[f"{name}/{model}"]["dp_rank"]] for a in ref_run["aux"]]
+            np.testing.assert_allclose(res[f"{name}/{model}"]["aux"], want, rtol=0, atol=1e-5, err_msg=f"rank {rank}")
     assert ref[-1] < ref[0] - 0.5  # it learned: the comparison is between curves that move
+
+
+@pytest.mark.parametrize("n,name", [(n, name) for n, ls in LAYOUTS.items() for name in ls if ls[name].get("save")])
+def test_expert_parallel_shards_merge_into_the_single_device_state(runs, n, name):
+    """Mixtral's per-rank shards (experts held whole by one rank each; the worker reloaded them into its layout)
+    merge into the single-device model's parameters and optimizer state after the same steps."""
+    from infinitrain.parallel import shards
+
+    ref = runs[1][0]["float32/mixtral"]
+    want = np.load(runs["tmp"] / "world1.mixtral.npz")
+    model, optim = shards.merge(str(runs["tmp"] / f"world{n}.{name}-mixtral.ckpt"), ref["names"])
+    assert sorted(model) == sorted(ref["names"]) and any(".mlp.experts.3." in k for k in model)
+    for k, v in model.items():
+        np.testing.assert_allclose(v, want[f"model.{k}"], rtol=0, atol=1e-5, err_msg=k)
+    assert sorted(optim) == sorted(k[len("optim.") :] for k in want.files if k.startswith("optim."))
+    for k, v in optim.items():
+        np.testing.assert_allclose(v, want[f"optim.{k}"], rtol=1e-4, atol=1e-7, err_msg=k)
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -267,6 +346,14 @@ def _llama(**kw):
                            "n_embd": 32, "ffn_dim_multiplier": 1.0, "multiple_of": 16, **kw})  # fmt: skip
 
 
+def _mixtral(**kw):
+    from infinitrain.models import MixtralConfig
+
+    return MixtralConfig(**{"block_size": 16, "vocab_size": 61, "n_layer": 4, "n_head": 4, "n_kv_head": 2,
+                            "n_embd": 32, "intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                            **kw})  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "make,cfg,seq,micro,message",
     [
@@ -280,6 +367,9 @@ def _llama(**kw):
         (dict(world=4, pp=2, vpp=2), _gpt2(), 16, 3, "multiple of pipeline_parallel=2"),
         (dict(world=2, sp=True), _gpt2(), 16, 4, "it needs tp > 1"),
         (dict(world=2, vpp=2), _gpt2(), 16, 4, "it needs pipeline_parallel > 1"),
+        (dict(world=2, tp=2), _mixtral(num_experts=3), 16, 4, "num_experts=3 is not divisible by tensor_parallel=2"),
+        (dict(world=4, tp=4), _mixtral(num_experts=6), 16, 4, "each rank holds whole experts"),
+        (dict(world=2, tp=2), _mixtral(tie_word_embeddings=True), 16, 4, "need an untied output head"),
     ],
 )
 def test_bad_layouts_are_refused(make, cfg, seq, micro, message):
@@ -293,9 +383,13 @@ def test_bad_layouts_are_refused(make, cfg, seq, micro, message):
 def test_good_layouts_pass_the_checks():
     from infinitrain import parallel
 
-    for make, cfg in ((dict(world=8, tp=4, pp=2), _llama()), (dict(world=8, tp=2, pp=2, vpp=2, sp=True), _gpt2())):
+    for make, cfg in (
+        (dict(world=8, tp=4, pp=2), _llama()),
+        (dict(world=8, tp=2, pp=2, vpp=2, sp=True), _gpt2()),
+        (dict(world=8, tp=4, pp=2, sp=True), _mixtral(num_experts=8)),
+    ):
         layout = parallel.make_layout(**make)
-        assert parallel.check_model(layout, cfg, 16, 4) in ("gpt2", "llama3")
+        assert parallel.check_model(layout, cfg, 16, 4) in ("gpt2", "llama3", "mixtral")
         assert layout.world == 8
 
 

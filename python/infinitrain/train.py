@@ -129,7 +129,7 @@ flags.DEFINE_integer(
     "zero_stage", 0, "ZeRO stage under infinitrain.run: 0 none, 1 optimizer state sharded, 2 gradients too.", 0, 2
 )
 flags.DEFINE_integer(
-    "tensor_parallel", 1, "Tensor parallel size under infinitrain.run (GPT-2, LLaMA 3: heads, MLP, vocabulary).", 1
+    "tensor_parallel", 1, "Tensor parallel size under infinitrain.run (GPT-2, LLaMA 3, Mixtral: heads, MLP/experts).", 1
 )
 flags.DEFINE_bool("sequence_parallel", False, "Shard norms and the residual stream along the sequence (needs TP > 1).")
 flags.DEFINE_integer("pipeline_parallel", 1, "Pipeline stages under infinitrain.run (layers split by parameters).", 1)

@@ -1,5 +1,6 @@
 """Model parallelism: tensor (Megatron-style, with sequence parallelism), pipeline (GPipe, 1F1B, interleaved 1F1B)
-and data parallelism on one grid, for GPT-2 and LLaMA 3.
+and data parallelism on one grid, for GPT-2, LLaMA 3 and Mixtral (its experts split across the tensor-parallel
+ranks: expert parallelism).
 
     layout = parallel.make_layout(world, tp=2, pp=2, vpp=1, sp=True)   # the rest of the world: data parallel
     grid = parallel.Grid(layout, device)                                # this rank's groups

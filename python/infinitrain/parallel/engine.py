@@ -16,6 +16,8 @@ have taken every send. `stats` after a step: the most micro-batch chunks whose a
 and the peak memory the step allocated above what it started with.
 """
 
+import math
+
 from infinitrain import autograd, runtime
 from infinitrain import functional as F
 from infinitrain.distributed.collectives import all_reduce, recv, send
@@ -89,14 +91,17 @@ class Engine:
                 v = c * pp + stage
                 x, y = micro_batches[m]
                 if op == "F":
+                    shape = self._act_shape(x)
                     if v == 0:
                         inp = x
                     else:
-                        inp = self._recv("act", (v - 1) % pp, self._act_shape(x))
+                        # Mixtral's activations come flat, with the router statistics so far appended
+                        carry = chunks[c].carry
+                        inp = self._recv("act", (v - 1) % pp, (math.prod(shape) + carry,) if carry else shape)
                         if not forward_only:
                             inp.requires_grad_()
                     before = runtime.memory_allocated(self.device)
-                    out = chunks[c](inp, y if v == last_v else None)
+                    out = chunks[c](inp, y if v == last_v else None, shape)
                     if v == last_v:
                         loss_sum = out.detach() if loss_sum is None else loss_sum + out.detach()
                         out = out * scale

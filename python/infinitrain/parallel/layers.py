@@ -46,17 +46,20 @@ class Spec:
     `segments` [(full size, pieces)], each split into `pieces` pieces of which tp rank r holds piece
     r * pieces // tp (pieces == 1: replicated; == tp: split). sync_tp: its gradient is partial on each tp rank
     (it is used on a sequence shard) and is summed over the group after backward. tied: GPT-2's embedding, also
-    held by the last stage."""
+    held by the last stage. owner: the one tp rank that holds the whole tensor (an expert, under expert
+    parallelism); the other ranks have no part of it."""
 
-    def __init__(self, full_shape, dim=0, segments=None, sync_tp=False, tied=False):
+    def __init__(self, full_shape, dim=0, segments=None, sync_tp=False, tied=False, owner=None):
         self.full_shape = tuple(full_shape)
         self.dim = dim
         self.segments = segments or [(self.full_shape[dim] if self.full_shape else 1, 1)]
-        self.sync_tp, self.tied = sync_tp, tied
+        self.sync_tp, self.tied, self.owner = sync_tp, tied, owner
 
     def local_ranges(self, tp, r):
         """[(full start, full end, counted here)] of this rank's rows along dim, in local order; counted: this rank
         is the first holder of the piece (so norms count it once)."""
+        if self.owner is not None:  # held whole by its owner alone
+            return [(0, self.full_shape[self.dim], True)]
         out, base = [], 0
         for full, n in self.segments:
             i = r * n // tp
@@ -71,12 +74,16 @@ class Spec:
         return parts[0] if len(parts) == 1 else F.cat(parts, self.dim)
 
     def to_json(self):
-        return {"full_shape": list(self.full_shape), "dim": self.dim, "segments": [list(s) for s in self.segments],
-                "sync_tp": self.sync_tp, "tied": self.tied}  # fmt: skip
+        d = {"full_shape": list(self.full_shape), "dim": self.dim, "segments": [list(s) for s in self.segments],
+             "sync_tp": self.sync_tp, "tied": self.tied}  # fmt: skip
+        if self.owner is not None:
+            d["owner"] = self.owner
+        return d
 
     @classmethod
     def from_json(cls, d):
-        return cls(d["full_shape"], d["dim"], [tuple(s) for s in d["segments"]], d["sync_tp"], d["tied"])
+        return cls(d["full_shape"], d["dim"], [tuple(s) for s in d["segments"]], d["sync_tp"], d["tied"],
+                   d.get("owner"))  # fmt: skip
 
 
 def _param(t):

@@ -66,19 +66,25 @@ def make_layout(world, tp=1, pp=1, vpp=1, sp=False, schedule="1f1b"):
 
 
 def model_dims(config):
-    """(family, heads, kv heads, layers, MLP width, vocabulary rows) of a GPT-2 or LLaMA 3 config."""
+    """(family, heads, kv heads, layers, MLP width or None, vocabulary rows) of a GPT-2, LLaMA 3 or Mixtral config
+    (Mixtral's experts are not split by width: whole experts go to the ranks)."""
     name = type(config).__name__
     if name == "GPT2Config":
         return "gpt2", config.n_head, config.n_head, config.n_layer, 4 * config.n_embd, config.padded_vocab_size
     if name == "LLaMA3Config":
         return "llama3", config.n_head, config.n_kv_head, config.n_layer, config.hidden_dim, config.vocab_size
+    if name == "MixtralConfig":
+        if config.tie_word_embeddings:
+            raise LayoutError("tensor and pipeline parallelism for Mixtral need an untied output head")
+        return "mixtral", config.n_head, config.n_kv_head, config.n_layer, None, config.vocab_size
     raise LayoutError(
-        f"tensor and pipeline parallelism are implemented for GPT-2 and LLaMA 3, not {name.removesuffix('Config')}"
+        "tensor and pipeline parallelism are implemented for GPT-2, LLaMA 3 and Mixtral, not "
+        f"{name.removesuffix('Config')}"
     )
 
 
 def check_model(layout, config, sequence_length=None, microbatches=None):
-    """Refuses a layout the model cannot be split into (heads, MLP width, vocabulary, layers, sequence)."""
+    """Refuses a layout the model cannot be split into (heads, MLP width or experts, vocabulary, layers, sequence)."""
     family, heads, kv, layers, hidden, vocab = model_dims(config)
     tp = layout.tp
     if tp > 1:
@@ -89,8 +95,13 @@ def check_model(layout, config, sequence_length=None, microbatches=None):
                 f"n_kv_head={kv} and tensor_parallel={tp}: the key/value heads must split evenly across the ranks "
                 "or be replicated (tensor_parallel a multiple of n_kv_head)"
             )
-        if hidden % tp:
+        if hidden is not None and hidden % tp:
             raise LayoutError(f"the MLP width {hidden} is not divisible by tensor_parallel={tp}")
+        if family == "mixtral" and config.num_experts % tp:
+            raise LayoutError(
+                f"num_experts={config.num_experts} is not divisible by tensor_parallel={tp}: each rank holds whole "
+                "experts (expert parallel)"
+            )
         if vocab < tp:
             raise LayoutError(f"a vocabulary of {vocab} rows cannot be split across tensor_parallel={tp} ranks")
         if layout.sp and sequence_length is not None and sequence_length % tp:

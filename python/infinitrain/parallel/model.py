@@ -1,12 +1,13 @@
-"""A GPT-2 or LLaMA 3 split for a layout: this rank's model chunks, made from the full model.
+"""A GPT-2, LLaMA 3 or Mixtral split for a layout: this rank's model chunks, made from the full model.
 
     full = GPT2(cfg)                                  # every rank builds it from the same seed
     model = ParallelModel(full, layout, grid)         # takes this rank's layers and its tensor-parallel part
 
 The full model's blocks are reused (their attention and MLP replaced by tensor-parallel versions holding this
-rank's heads and MLP columns), so the layers compute what the single-device model does and the split model starts
-from the same weights. Parameters keep the full model's names ("h.3.attn.c_attn.weight"); `specs[name]` says how
-each relates to the full tensor (checkpoint merging and gradient norms read it).
+rank's heads and MLP columns, or Mixtral's whole experts), so the layers compute what the single-device model does
+and the split model starts from the same weights. Parameters keep the full model's names
+("h.3.attn.c_attn.weight"); `specs[name]` says how each relates to the full tensor (checkpoint merging and
+gradient norms read it).
 
 Chunk v of the pipeline (virtual stage v = chunk * pp + stage) holds a contiguous run of layers; the first also
 the embedding, the last the final norm, the head and the loss. The split balances parameter counts unless an
@@ -16,6 +17,7 @@ explicit one is given.
 from infinitrain import functional as F
 from infinitrain import nn
 from infinitrain.models.llama3 import rope_tables
+from infinitrain.models.moe import load_balancing_loss
 from infinitrain.parallel import mappings as M
 from infinitrain.parallel.layers import (
     ColumnParallelLinear,
@@ -177,46 +179,155 @@ class LLaMA3MLPTP(_TPModule):
         return self.c_proj(F.swiglu(self.c_fc2(x), self.c_fc(x)))
 
 
-_TP = {"gpt2": (GPT2AttentionTP, GPT2MLPTP), "llama3": (LLaMA3AttentionTP, LLaMA3MLPTP)}
+class DecoderAttentionTP(_TPModule):
+    """Mixtral's grouped-query attention (models/decoder.py: separate q/k/v projections) with this rank's query
+    heads; key/value heads split or replicated as LLaMA3AttentionTP's."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        nh, nkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.region, self.hd = region, hd
+        self.heads = nh // tp
+        self.split_kv = nkv % tp == 0
+        self.kv_heads = nkv // tp if self.split_kv else 1
+        self.kv_index = r * nkv // tp
+        q = Spec(full.q_proj.weight.shape, 0, [(nh * hd, tp)])
+        kv = Spec(full.k_proj.weight.shape, 0, [(nkv * hd, tp if self.split_kv else 1)])
+        o = Spec(full.o_proj.weight.shape, 1, [(nh * hd, tp)])
+        self.q_proj = ColumnParallelLinear(q.take(full.q_proj.weight, tp, r), None, region, enter=False)
+        self.k_proj = ColumnParallelLinear(kv.take(full.k_proj.weight, tp, r), None, region, enter=False)
+        self.v_proj = ColumnParallelLinear(kv.take(full.v_proj.weight, tp, r), None, region, enter=False)
+        self.o_proj = RowParallelLinear(o.take(full.o_proj.weight, tp, r), None, region)
+        self._specs = {"q_proj.weight": q, "k_proj.weight": kv, "v_proj.weight": kv, "o_proj.weight": o}
+
+    def _kv(self, proj, x):
+        if self.split_kv:
+            return proj(x)
+        j, hd = self.kv_index, self.hd  # every rank holds all kv heads; the gradient of the copy is summed
+        return F.linear(x, M.copy_to(proj.weight, self.region.group)[j * hd : (j + 1) * hd])
+
+    def forward(self, x, cos, sin):
+        x = self.region.enter(x)
+        B, T, _ = x.shape
+        nh, nkv, hd = self.heads, self.kv_heads, self.hd
+        q = F.rope(self.q_proj(x).reshape(B, T, nh, hd), cos, sin).transpose(1, 2)
+        k = F.rope(self._kv(self.k_proj, x).reshape(B, T, nkv, hd), cos, sin).transpose(1, 2)
+        v = self._kv(self.v_proj, x).reshape(B, T, nkv, hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
+
+
+class ExpertParallelMoE(_TPModule):
+    """Mixtral's sparse MoE with the experts split across the tensor-parallel ranks (expert parallel): this rank
+    holds experts [lo, hi) whole. The router is outside the region, replicated like a norm (on a sequence shard
+    with SP); the tokens and their routing enter the region (copy_to, or gathered with SP), each rank runs its
+    experts on the rows routed to them, and the partial combines are summed on exit (as the row-parallel linear's
+    outputs). The routing's entry sums the gates' gradient over the ranks, so the router's is whole."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        E = full.num_experts
+        self.region, self.num_experts, self.top_k, self.normalize = region, E, full.top_k, full.normalize
+        self.local = E // tp
+        self.lo, self.hi = r * self.local, (r + 1) * self.local
+        self.gate = full.gate
+        self.experts = nn.ModuleDict({str(e): full.experts[e] for e in range(self.lo, self.hi)})  # full names
+        self._specs = {f"experts.{e}.{n}": Spec(p.shape, owner=r)
+                       for e in range(self.lo, self.hi) for n, p in full.experts[e].named_parameters()}  # fmt: skip
+        self.router_stats = None
+
+    def forward(self, x):
+        region = self.region
+        B, T, C = x.shape  # T: this rank's sequence shard with SP
+        k = self.top_k
+        logits = self.gate(x.reshape(-1, C))
+        weights, experts = F.moe_topk(logits, k, self.normalize)
+        xs = region.enter(x).reshape(-1, C)
+        weights = region.enter(weights.reshape(B, T, k)).reshape(-1, k)
+        experts = region.enter(experts.reshape(B, T, k)).reshape(-1, k)
+        # Other ranks' experts share one bucket past the local ones, which this rank does not run.
+        inside = F.ge(experts, self.lo) * F.lt(experts, self.hi)
+        local = F.where(inside, F.sub(experts, self.lo), self.local)
+        rows, source, counts = F.moe_permute(xs, local, self.local + 1)
+        sizes = [int(c) for c in counts.numpy()]  # the host needs the group sizes to slice per expert
+        outs, start = [], 0
+        for expert, n in zip(self.experts.values(), sizes, strict=False):
+            if n:
+                outs.append(expert(rows[start : start + n]))
+            start += n
+        # The other ranks' rows contribute zero here; kept on the graph so every rank's backward runs the same
+        # collectives (the entry's all-reduce) even when none of its experts got a token.
+        rest = rows[start:] * 0.0
+        outs.append(rest if not outs or rest.dtype == outs[0].dtype else rest.to(outs[0].dtype))
+        y = region.exit(F.moe_unpermute(F.cat(outs, 0), source, weights).reshape(B, -1, C))
+        # Balancing statistics of all the tokens: counts from the entered routing, probabilities summed over the
+        # shards (the same on every rank; each rank's gradient reaches its own tokens).
+        probs = F.softmax(logits if logits.dtype in ("float32", "float64") else logits.to("float32"), -1)
+        full = F.sum(F.one_hot(experts.reshape(-1), self.num_experts), 0)
+        probs = F.sum(probs, 0)
+        if region.sp:
+            probs = M.reduce_from(probs, region.group)
+        self.router_stats = (full, probs, xs.shape[0])
+        return y
+
+
+_TP = {
+    "gpt2": (GPT2AttentionTP, GPT2MLPTP),
+    "llama3": (LLaMA3AttentionTP, LLaMA3MLPTP),
+    "mixtral": (DecoderAttentionTP, ExpertParallelMoE),
+}
+# (embedding, blocks, final norm, a block's attention, its MLP) as each family names them
+_NAMES = {
+    "gpt2": ("wte", "h", "ln_f", "attn", "mlp"),
+    "llama3": ("wte", "h", "ln_f", "attn", "mlp"),
+    "mixtral": ("embed_tokens", "layers", "norm", "self_attn", "mlp"),
+}
 
 
 # ---- one chunk ----
 
 
 class Stage(nn.Module):
-    """Layers [lo, hi) of the full model, as attributes named like the full model's (h is keyed by the global
-    layer index), with the embedding when first and the final norm, head and loss when last. forward(x, targets)
-    takes ids on the first chunk, activations [B, T (/ tp with SP), C] on the others; returns the mean loss on
-    the last, the activations otherwise."""
+    """Layers [lo, hi) of the full model, as attributes named like the full model's (its blocks are keyed by the
+    global layer index), with the embedding when first and the final norm, head and loss when last.
+    forward(x, targets) takes ids on the first chunk, activations [B, T (/ tp with SP), C] on the others; returns
+    the mean loss on the last, the activations otherwise. Mixtral's chunks after the first take, and all but the
+    last return, the activations flattened with the router statistics of the layers before appended (`carry`
+    values: summed counts and probabilities per expert), since the balancing loss couples every layer."""
 
     def __init__(self, full, family, lo, hi, first, last, region, tied_wte=None):
         super().__init__()
         cfg = full.config
         self.family, self.config, self.region = family, cfg, region
         self.first, self.last, self.lo, self.hi = first, last, lo, hi
+        emb, blocks, norm, attn, mlp = self._names = _NAMES[family]
         self._specs = {}
         tp, r = region.size, region.rank
         rows = cfg.padded_vocab_size if family == "gpt2" else cfg.vocab_size
         self.vocab_start, vocab_end = piece(rows, tp, r)
         vocab = Spec((rows, cfg.n_embd), 0, [(rows, tp)])
         if first:
-            self.wte = VocabParallelEmbedding(vocab.take(full.wte.weight, tp, r), self.vocab_start, region)
-            self._specs["wte.weight"] = vocab
+            setattr(self, emb, VocabParallelEmbedding(vocab.take(getattr(full, emb).weight, tp, r), self.vocab_start,
+                                                      region))  # fmt: skip
+            self._specs[f"{emb}.weight"] = vocab
             if family == "gpt2":
                 self.wpe = full.wpe
-        self.h = nn.ModuleDict()
+        setattr(self, blocks, nn.ModuleDict())
         attn_tp, mlp_tp = _TP[family]
         for i in range(lo, hi):
-            block = full.h[i]
+            block = getattr(full, blocks)[i]
             if tp > 1:
-                block.attn = attn_tp(block.attn, cfg, region)
-                block.mlp = mlp_tp(block.mlp, cfg, region)
-                for sub in ("attn", "mlp"):
+                setattr(block, attn, attn_tp(getattr(block, attn), cfg, region))
+                setattr(block, mlp, mlp_tp(getattr(block, mlp), cfg, region))
+                for sub in (attn, mlp):
                     for name, spec in getattr(block, sub).specs().items():
-                        self._specs[f"h.{i}.{sub}.{name}"] = spec
-            self.h[str(i)] = block
+                        self._specs[f"{blocks}.{i}.{sub}.{name}"] = spec
+            getattr(self, blocks)[str(i)] = block
+        self.carry = 2 * cfg.num_experts if family == "mixtral" else 0
         if last:
-            self.ln_f = full.ln_f
+            setattr(self, norm, getattr(full, norm))
             if family == "gpt2":
                 if not first:  # the tied head's own copy on the last stage; its gradient meets the first's
                     self.wte = tied_wte if tied_wte is not None else VocabParallelEmbedding(
@@ -234,6 +345,7 @@ class Stage(nn.Module):
             if name not in self._specs:
                 self._specs[name] = Spec(p.shape, 0, None, sync_tp=region.sp)
         self._rope = None
+        self.aux_loss = None  # Mixtral's last chunk: the last forward's balancing loss
 
     def specs(self):
         return self._specs
@@ -248,7 +360,7 @@ class Stage(nn.Module):
 
     def embed(self, idx):
         region = self.region
-        x = self.wte.partial(idx)
+        x = getattr(self, self._names[0]).partial(idx)
         T = idx.shape[1]
         if self.family == "gpt2":
             if region.sp:
@@ -257,22 +369,52 @@ class Stage(nn.Module):
             return M.reduce_from(x, region.group) + self.wpe.weight[:T]
         return region.exit(x)
 
-    def forward(self, x, targets=None):
+    def forward(self, x, targets=None, shape=None):
+        """shape: (B, T, C) of the activations when they come flattened with the router statistics (the engine
+        passes it; the shape is the one it received)."""
+        stats = []
         if self.first:
             x = self.embed(x)
+        elif self.carry:
+            E, n = self.carry // 2, shape[0] * shape[1] * shape[2]
+            x, counts, probs = F.split(x, [n, E, E])
+            x = x.reshape(*shape)
+            if self.lo:  # the layers before this chunk: their tokens, counted once per layer as the loss does
+                tokens = shape[0] * shape[1] * (self.region.size if self.region.sp else 1) * self.lo
+                stats.append((counts.detach(), probs, tokens))
         T = x.shape[1] * (self.region.size if self.region.sp else 1)
-        extra = self._tables(T, x.device) if self.family == "llama3" else ()
-        for block in self.h.values():
+        extra = self._tables(T, x.device) if self.family != "gpt2" else ()
+        for block in getattr(self, self._names[1]).values():
             x = block(x, *extra)
+            if self.carry:
+                stats.append(block.mlp.router_stats)
+        if self.carry:
+            counts, probs = _sum_stats(stats)
         if not self.last:
+            if self.carry:  # float32 carries the counts exactly (the engine sends float32 anyway)
+                return F.cat([x.reshape(-1).to("float32"), counts.to("float32"), probs.to("float32")])
             return x
-        x = self.region.enter(self.ln_f(x))
+        x = self.region.enter(getattr(self, self._names[2])(x))
         head = self.wte.weight if self.family == "gpt2" else self.lm_head.weight
         logits = F.linear(x, head)  # [B, T, this rank's vocabulary columns]
         B = logits.shape[0]
-        return vocab_parallel_cross_entropy(
+        loss = vocab_parallel_cross_entropy(
             logits.reshape(B * T, -1), targets.reshape(B * T), self.vocab_start, self.region, self.valid
         )
+        if self.carry:  # the router's balancing loss, as DecoderLM adds it (and keeps in aux_loss)
+            aux = load_balancing_loss(stats, self.config.num_experts)
+            self.aux_loss = aux.detach()
+            if self.config.router_aux_loss_coef:
+                loss = loss + aux * self.config.router_aux_loss_coef
+        return loss
+
+
+def _sum_stats(stats):
+    counts = probs = None
+    for c, p, _ in stats:
+        counts = c if counts is None else counts + c
+        probs = p if probs is None else probs + p
+    return counts, probs
 
 
 class ParallelModel(nn.Module):
@@ -288,11 +430,12 @@ class ParallelModel(nn.Module):
         stage = grid.stage if grid is not None else 0
         tp_group = grid.tp if grid is not None else None
         self.region = TPRegion(tp_group, layout.sp)
-        n_layer = len(full.h)
+        emb, blocks, norm = (getattr(full, n) for n in _NAMES[family][:3])
+        n_layer = len(blocks)
         if split is None:
-            emb = _n(full.wte) + (_n(full.wpe) if family == "gpt2" else 0)
-            head = _n(full.ln_f) + (_n(full.lm_head) if family == "llama3" else 0)
-            split = split_layers([_n(b) for b in full.h], layout.chunks, emb, head)
+            emb = _n(emb) + (_n(full.wpe) if family == "gpt2" else 0)
+            head = _n(norm) + (_n(full.lm_head) if family != "gpt2" else 0)
+            split = split_layers([_n(b) for b in blocks], layout.chunks, emb, head)
         split = [int(s) for s in split]
         if len(split) != layout.chunks or sum(split) != n_layer or min(split) < 1:
             raise LayoutError(

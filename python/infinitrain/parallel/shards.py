@@ -66,6 +66,11 @@ def _local_pieces(spec, tp, r):
 
 def merge_tensor(spec, parts, tp):
     """The full tensor from {tp rank: local array} (every piece's first holder present)."""
+    if spec.owner is not None:  # an expert: its owner holds it whole
+        full = np.asarray(parts[spec.owner])
+        if tuple(full.shape) != spec.full_shape:
+            raise ValueError(f"merging shards: got shape {full.shape}, the spec says {spec.full_shape}")
+        return full
     segments = []
     for j, (full, n) in enumerate(spec.segments):
         pieces = []
