@@ -211,11 +211,11 @@ class DecoderAttentionTP(_TPModule):
         x = self.region.enter(x)
         B, T, _ = x.shape
         nh, nkv, hd = self.heads, self.kv_heads, self.hd
-        q = F.rope(self.q_proj(x).reshape(B, T, nh, hd), cos, sin).transpose(1, 2)
-        k = F.rope(self._kv(self.k_proj, x).reshape(B, T, nkv, hd), cos, sin).transpose(1, 2)
-        v = self._kv(self.v_proj, x).reshape(B, T, nkv, hd).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, nh * hd))
+        q = F.rope(self.q_proj(x).reshape(B, T, nh, hd), cos, sin)
+        k = F.rope(self._kv(self.k_proj, x).reshape(B, T, nkv, hd), cos, sin)
+        v = self._kv(self.v_proj, x).reshape(B, T, nkv, hd)
+        y = F.attention_bthd(q, k, v, is_causal=True)
+        return self.o_proj(y.reshape(B, T, nh * hd))
 
 
 class ExpertParallelMoE(_TPModule):
