@@ -257,10 +257,6 @@ void MapUnary(const Tensor& x, const Tensor& out, int64_t cost, F f) {
     });
 }
 
-// float loops built for AVX-512 and AVX2 besides the baseline (SSE2), picked when the library loads: without
-// them the math functions vectorise only 4 wide.
-#define INFINITRAIN_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
 template <typename Op>
 INFINITRAIN_SIMD_CLONES void MapFloat(const float* x, float* y, int64_t b, int64_t e) {
 #pragma omp simd

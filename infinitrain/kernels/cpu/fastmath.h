@@ -14,6 +14,10 @@ namespace infinitrain::cpu {
 // always_inline: a call in a loop stops it vectorising, and GCC -O2 does not inline the larger callers itself.
 #define INFINITRAIN_ALWAYS_INLINE inline __attribute__((always_inline))
 
+// Loops built for AVX-512 and AVX2 besides the baseline (SSE2), picked when the library loads: without them the
+// math functions vectorise only 4 wide (2 for double), and double division and sqrt are SSE2's.
+#define INFINITRAIN_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
 INFINITRAIN_ALWAYS_INLINE float ExpF(float x) {
     float xc = x < -104.0f ? -104.0f : x;  // below: 0 (exp(-104) < the smallest subnormal)
     xc = xc > 89.0f ? 89.0f : xc;          // above: inf

@@ -8,35 +8,48 @@
 #include <cmath>
 
 #include "infinitrain/kernels/cpu/common.h"
+#include "infinitrain/kernels/cpu/fastmath.h"
 
 namespace infinitrain::cpu {
 namespace {
 
+struct AdamWConsts {
+    double lr, b1, b2, eps, bc1, bc2, decay;
+};
+
+// Elements [b, e): the update in double, as the GPU kernel computes it (same operations, so the same roundings
+// in every clone: the products and sums are not contracted, -ffp-contract=off).
+template <typename T, typename S>
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void AdamWRange(T* p, const T* g, S* m, S* v,
+                                                                                     int64_t b, int64_t e,
+                                                                                     const AdamWConsts& c) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+        double gi = Load(g + i);
+        double mi = c.b1 * m[i] + (1.0 - c.b1) * gi;
+        double vi = c.b2 * v[i] + (1.0 - c.b2) * gi * gi;
+        m[i] = static_cast<S>(mi);
+        v[i] = static_cast<S>(vi);
+        double pi = Load(p + i) * c.decay;
+        pi -= c.lr * (mi / c.bc1) / (std::sqrt(vi / c.bc2) + c.eps);
+        Store(p + i, static_cast<S>(pi));
+    }
+}
+
 void AdamWKernel(KernelContext& ctx) {
     const Tensor &param = ctx.in[0], &grad = ctx.in[1], &m_t = ctx.in[2], &v_t = ctx.in[3];
-    double lr = ctx.f(0), b1 = ctx.f(1), b2 = ctx.f(2), eps = ctx.f(3), wd = ctx.f(4);
+    AdamWConsts c{ctx.f(0), ctx.f(1), ctx.f(2), ctx.f(3), 0.0, 0.0, 0.0};
     double step = static_cast<double>(ctx.i(5));
-    double bc1 = 1.0 - std::pow(b1, step), bc2 = 1.0 - std::pow(b2, step);
-    double decay = 1.0 - lr * wd;
+    c.bc1 = 1.0 - std::pow(c.b1, step);
+    c.bc2 = 1.0 - std::pow(c.b2, step);
+    c.decay = 1.0 - c.lr * ctx.f(4);
     DispatchFloat(param.dtype(), "adamw_", [&](auto tag) {
         using T = decltype(tag);
         using S = Acc<T>;
         T* p = param.data<T>();
         const T* g = grad.data<T>();
         S *m = m_t.data<S>(), *v = v_t.data<S>();
-        ParallelFor(param.numel(), 16, [&](int64_t b, int64_t e) {
-#pragma omp simd
-            for (int64_t i = b; i < e; ++i) {
-                double gi = Load(g + i);
-                double mi = b1 * m[i] + (1.0 - b1) * gi;
-                double vi = b2 * v[i] + (1.0 - b2) * gi * gi;
-                m[i] = static_cast<S>(mi);
-                v[i] = static_cast<S>(vi);
-                double pi = Load(p + i) * decay;
-                pi -= lr * (mi / bc1) / (std::sqrt(vi / bc2) + eps);
-                Store(p + i, static_cast<S>(pi));
-            }
-        });
+        ParallelFor(param.numel(), 16, [&](int64_t b, int64_t e) { AdamWRange<T, S>(p, g, m, v, b, e, c); });
     });
 }
 
