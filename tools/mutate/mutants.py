@@ -388,7 +388,7 @@ MUTANTS = [
     Mutant(
         "K21",
         "infinitrain/kernels/cpu/optim.cc",
-        "std::sqrt(vi / bc2)",
+        "std::sqrt(vi / c.bc2)",
         "std::sqrt(vi)",
         "AdamW without the second moment's bias correction",
         ("tests/test_ops_optim.py", "tests/test_nn_optim.py"),

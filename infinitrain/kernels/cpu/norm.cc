@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "infinitrain/kernels/cpu/common.h"
+#include "infinitrain/kernels/cpu/fastmath.h"
 
 namespace infinitrain::cpu {
 namespace {
@@ -136,6 +137,67 @@ private:
     std::vector<double> buf_;
 };
 
+// Rows [b, e) of the forward. Built in vector-width clones (the double math runs 8 or 4 wide where the CPU has
+// it); products are not contracted into FMAs, so the elementwise roundings are the same in every clone.
+template <bool kRms, typename T, typename S>
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormForwardRows(const T* xp, const T* wp,
+                                                                                          const T* bp, T* yp, S* mp,
+                                                                                          S* rp, int64_t c, double eps,
+                                                                                          int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+        const T* xr = xp + r * c;
+        T* yr = yp + r * c;
+        double mean = 0, var = 0;
+        // omp simd: the double sums vectorise in several partial sums (reassociated, still in double).
+        if (!kRms) {
+#pragma omp simd reduction(+ : mean)
+            for (int64_t j = 0; j < c; ++j) mean += Load(xr + j);
+            mean = c ? mean / c : 0.0;
+        }
+#pragma omp simd reduction(+ : var)
+        for (int64_t j = 0; j < c; ++j) {
+            double d = Load(xr + j) - mean;
+            var += d * d;
+        }
+        var = c ? var / c : 0.0;
+        double rstd = 1.0 / std::sqrt(var + eps);
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) {
+            double v = (Load(xr + j) - mean) * rstd * Load(wp + j);
+            if (!kRms) v += Load(bp + j);
+            Store(yr + j, v);
+        }
+        if (!kRms) mp[r] = static_cast<S>(mean);
+        rp[r] = static_cast<S>(rstd);
+    }
+}
+
+// Rows [b, e) of the backward: dx, and the rows' dweight and dbias added into dws and dbs (this thread's sums).
+template <bool kRms, typename T, typename S>
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormBackwardRows(
+    const T* gp, const T* xp, const T* wp, const S* mp, const S* rp, T* dxp, double* dws, double* dbs, int64_t c,
+    int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+        const T *gr = gp + r * c, *xr = xp + r * c;
+        double mean = mp ? static_cast<double>(mp[r]) : 0.0, rstd = rp[r];
+        double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat
+#pragma omp simd reduction(+ : sum_d, sum_dx)
+        for (int64_t j = 0; j < c; ++j) {
+            double gv = Load(gr + j), xh = (Load(xr + j) - mean) * rstd, d = gv * Load(wp + j);
+            sum_d += d;
+            sum_dx += d * xh;
+            dws[j] += gv * xh;
+            dbs[j] += gv;
+        }
+        double mean_d = kRms ? 0.0 : sum_d / c, mean_dx = sum_dx / c;
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) {
+            double xh = (Load(xr + j) - mean) * rstd, d = static_cast<double>(Load(gr + j)) * Load(wp + j);
+            Store(dxp + r * c + j, rstd * (d - mean_d - xh * mean_dx));
+        }
+    }
+}
+
 template <bool kRms>
 void NormForward(KernelContext& ctx, const char* op) {
     const Tensor &x = ctx.in[0], &w = ctx.in[1];
@@ -153,34 +215,8 @@ void NormForward(KernelContext& ctx, const char* op) {
         T* yp = out.data<T>();
         S* mp = kRms ? nullptr : mean_t.data<S>();
         S* rp = rstd_t.data<S>();
-        ParallelFor(rows, c * 8, [&](int64_t b, int64_t e) {
-            for (int64_t r = b; r < e; ++r) {
-                const T* xr = xp + r * c;
-                T* yr = yp + r * c;
-                double mean = 0, var = 0;
-                // omp simd: the double sums vectorise in several partial sums (reassociated, still in double).
-                if (!kRms) {
-#pragma omp simd reduction(+ : mean)
-                    for (int64_t j = 0; j < c; ++j) mean += Load(xr + j);
-                    mean = c ? mean / c : 0.0;
-                }
-#pragma omp simd reduction(+ : var)
-                for (int64_t j = 0; j < c; ++j) {
-                    double d = Load(xr + j) - mean;
-                    var += d * d;
-                }
-                var = c ? var / c : 0.0;
-                double rstd = 1.0 / std::sqrt(var + eps);
-#pragma omp simd
-                for (int64_t j = 0; j < c; ++j) {
-                    double v = (Load(xr + j) - mean) * rstd * Load(wp + j);
-                    if (!kRms) v += Load(bp + j);
-                    Store(yr + j, v);
-                }
-                if (!kRms) mp[r] = static_cast<S>(mean);
-                rp[r] = static_cast<S>(rstd);
-            }
-        });
+        ParallelFor(rows, c * 8,
+                    [&](int64_t b, int64_t e) { NormForwardRows<kRms, T, S>(xp, wp, bp, yp, mp, rp, c, eps, b, e); });
     });
 }
 
@@ -206,26 +242,7 @@ void NormBackward(KernelContext& ctx, const char* op) {
         RowSums sums(2 * c);  // [dweight | dbias] per thread
         ParallelFor(rows, c * 12, [&](int64_t b, int64_t e) {
             double* dws = sums.Mine();
-            double* dbs = dws + c;
-            for (int64_t r = b; r < e; ++r) {
-                const T *gr = gp + r * c, *xr = xp + r * c;
-                double mean = mp ? static_cast<double>(mp[r]) : 0.0, rstd = rp[r];
-                double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat
-#pragma omp simd reduction(+ : sum_d, sum_dx)
-                for (int64_t j = 0; j < c; ++j) {
-                    double gv = Load(gr + j), xh = (Load(xr + j) - mean) * rstd, d = gv * Load(wp + j);
-                    sum_d += d;
-                    sum_dx += d * xh;
-                    dws[j] += gv * xh;
-                    dbs[j] += gv;
-                }
-                double mean_d = kRms ? 0.0 : sum_d / c, mean_dx = sum_dx / c;
-#pragma omp simd
-                for (int64_t j = 0; j < c; ++j) {
-                    double xh = (Load(xr + j) - mean) * rstd, d = static_cast<double>(Load(gr + j)) * Load(wp + j);
-                    Store(dxp + r * c + j, rstd * (d - mean_d - xh * mean_dx));
-                }
-            }
+            NormBackwardRows<kRms, T, S>(gp, xp, wp, mp, rp, dxp, dws, dws + c, c, b, e);
         });
         T* dwp = dw.data<T>();
         T* dbp = db ? db->data<T>() : nullptr;
