@@ -343,6 +343,16 @@ Op& GetMutableOp(const std::string& name) {
     return *op;
 }
 
+void RunKernelOf(const char* name, const KernelContext& ctx, const std::vector<Tensor>& in, std::vector<Tensor>& out,
+                 const Attrs& attrs) {
+    const Op& op = GetOp(name);
+    KernelFn fn = op.Kernel(ctx.device.type);
+    if (!fn)
+        throw MissingKernelError(std::string("op '") + name + "' has no kernel for device " + ctx.device.ToString());
+    KernelContext sub{in, out, attrs, ctx.device, ctx.stream, &op};
+    fn(sub);
+}
+
 std::vector<const Op*> AllOps() { return OpRegistry::Get().All(); }
 
 void SetPoisonOutputs(bool on) { g_poison = on; }

@@ -172,6 +172,10 @@ private:
 
 // Raises std::invalid_argument naming the docs when `name` is unknown.
 const Op& GetOp(const std::string& name);
+// Runs op `name`'s kernel for ctx's device inside a running kernel (same thread, stream and device), on tensors
+// the caller allocated: for kernels built from other ops' kernels (sdpa_bthd's transposes are permute's).
+void RunKernelOf(const char* name, const KernelContext& ctx, const std::vector<Tensor>& in, std::vector<Tensor>& out,
+                 const Attrs& attrs);
 Op& GetMutableOp(const std::string& name);
 std::vector<const Op*> AllOps();  // table order, then provider ops in the order they were added
 

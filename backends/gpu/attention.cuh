@@ -10,7 +10,7 @@
 //   sdpa_backward(dO, q, k, v, out, lse) -> dq, dk, dv: recomputes P = exp(scores - lse) (masked entries 0), then
 //       dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * out));  dQ = scale * dS K;  dK = scale * dS^T Q,
 //     where the [S, g*T] @ [g*T, D] products sum over the g query heads of a kv head by construction.
-//   sdpa_bthd(q [B, T, Hq, D], ...) runs sdpa between SwapMiddle copies.
+//   sdpa_bthd(q [B, T, Hq, D], ...) runs sdpa between permute copies.
 //   This is the GEMM path: scratch is O(B * Hq * T * S) (one score matrix forward, two backward, plus 16-bit
 //   copies of P); flash_attention.cuh runs without it where it applies.
 // Precision: softmax in float32 (float64 for float64 inputs). float32/float64 GEMMs in their own type; bfloat16/
@@ -33,17 +33,6 @@ __global__ void RopeKernel(const T* __restrict__ x, const Acc<T>* __restrict__ c
         const double x0 = ToAcc(x[2 * q]), x1 = ToAcc(x[2 * q + 1]);
         y[2 * q] = FromAcc<T>(static_cast<Acc<T>>(x0 * c - x1 * s));
         y[2 * q + 1] = FromAcc<T>(static_cast<Acc<T>>(x0 * s + x1 * c));
-    }
-}
-
-// y[b, j, i, :] = x[b, i, j, :] for x [B, I, J, D] (sdpa_bthd's [B, T, H, D] <-> sdpa's [B, H, T, D]), moving
-// U-sized units (up to 16 bytes) of a row of D units at a time.
-template <typename U>
-__global__ void SwapMiddleKernel(const U* __restrict__ x, U* __restrict__ y, int64_t n, int64_t I, int64_t J,
-                                 int64_t D) {
-    GPU_KERNEL_LOOP(o, n) {
-        const int64_t d = o % D, r = o / D, i = r % I, j = (r / I) % J, b = r / (I * J);
-        y[o] = x[((b * I + i) * J + j) * D + d];
     }
 }
 

@@ -176,38 +176,12 @@ void SdpaBackward(KernelContext& ctx) {
     RowMajorGemm<T, T>(op, h, s, true, false, d.S, d.D, gT, scale, dS, ss, qd, sq, 0.0, dk.data<T>(), skv, batch);
 }
 
-// y = x with dims 1 and 2 swapped (x [B, I, J, D], y [B, J, I, D]), in the widest units a row's bytes divide into.
-void SwapMiddleInto(const KernelContext& ctx, const Tensor& x, const Tensor& y, const char* op) {
-    if (x.numel() == 0) return;
+// x [B, I, J, D] with dims 1 and 2 swapped, by permute's kernel, into y [B, J, I, D] (new scratch when y is null).
+Tensor SwapMiddle(const KernelContext& ctx, const Tensor& x, const Tensor* y = nullptr) {
     const Shape& s = x.shape();
-    const int64_t row = s[3] * static_cast<int64_t>(DataTypeSize(x.dtype()));  // bytes
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(x.data()) | reinterpret_cast<uintptr_t>(y.data());
-    NativeStream_t st = NativeStream(ctx);
-    auto launch = [&](auto tag) {
-        using U = decltype(tag);
-        const int64_t units = row / static_cast<int64_t>(sizeof(U)), n = s[0] * s[1] * s[2] * units;
-        SwapMiddleKernel<U><<<Blocks(n), kThreads, 0, st>>>(static_cast<const U*>(x.data()), static_cast<U*>(y.data()),
-                                                            n, s[1], s[2], units);
-    };
-    auto fits = [&](int64_t bytes) { return row % bytes == 0 && addr % bytes == 0; };
-    if (fits(16)) {
-        launch(uint4{});
-    } else if (fits(8)) {
-        launch(uint2{});
-    } else if (fits(4)) {
-        launch(uint32_t{});
-    } else {
-        launch(uint16_t{});  // every dtype of sdpa is at least 2 bytes
-    }
-    GPU_CHECK_LAUNCH(op);
-}
-
-// x [B, I, J, D] -> a new [B, J, I, D] tensor.
-Tensor SwapMiddle(const KernelContext& ctx, const Tensor& x, const char* op) {
-    const Shape& s = x.shape();
-    Tensor y = Scratch(ctx, {s[0], s[2], s[1], s[3]}, x.dtype());
-    SwapMiddleInto(ctx, x, y, op);
-    return y;
+    std::vector<Tensor> out = {y ? *y : Scratch(ctx, {s[0], s[2], s[1], s[3]}, x.dtype())};
+    RunKernelOf("permute", ctx, {x}, out, {std::vector<int64_t>{0, 2, 1, 3}});
+    return out[0];
 }
 
 }  // namespace
@@ -223,25 +197,22 @@ void PortableSdpaBackward(KernelContext& ctx) {
 
 // sdpa_bthd: sdpa on [B, H, T, D] copies (a provider with a kernel that reads [B, T, H, D] overrides these).
 void PortableSdpaBthd(KernelContext& ctx) {
-    const char* op = "sdpa_bthd";
-    std::vector<Tensor> in = {SwapMiddle(ctx, ctx.in[0], op), SwapMiddle(ctx, ctx.in[1], op),
-                              SwapMiddle(ctx, ctx.in[2], op)};
+    std::vector<Tensor> in = {SwapMiddle(ctx, ctx.in[0]), SwapMiddle(ctx, ctx.in[1]), SwapMiddle(ctx, ctx.in[2])};
     std::vector<Tensor> out = {Scratch(ctx, in[0].shape(), in[0].dtype()), ctx.out[1]};
     KernelContext sub{in, out, ctx.attrs, ctx.device, ctx.stream, ctx.op};
     PortableSdpa(sub);
-    SwapMiddleInto(ctx, out[0], ctx.out[0], op);
+    SwapMiddle(ctx, out[0], &ctx.out[0]);
 }
 
 void PortableSdpaBthdBackward(KernelContext& ctx) {
-    const char* op = "sdpa_bthd_backward";
     std::vector<Tensor> in;
-    for (int k = 0; k < 5; ++k) in.push_back(SwapMiddle(ctx, ctx.in[k], op));
+    for (int k = 0; k < 5; ++k) in.push_back(SwapMiddle(ctx, ctx.in[k]));
     in.push_back(ctx.in[5]);
     std::vector<Tensor> out;
     for (int k = 1; k < 4; ++k) out.push_back(Scratch(ctx, in[k].shape(), in[k].dtype()));
     KernelContext sub{in, out, ctx.attrs, ctx.device, ctx.stream, ctx.op};
     PortableSdpaBackward(sub);
-    for (int k = 0; k < 3; ++k) SwapMiddleInto(ctx, out[k], ctx.out[k], op);
+    for (int k = 0; k < 3; ++k) SwapMiddle(ctx, out[k], &ctx.out[k]);
 }
 
 REGISTER_PROVIDER_KERNEL(kProviderName, "rope", Rope);

@@ -404,9 +404,9 @@ MUTANTS = [
     Mutant(
         "K23",
         "infinitrain/kernels/cpu/attention.cc",
-        "std::memcpy(dst + ((b * s[2] + j) * s[1] + i) * row,",
-        "std::memcpy(dst + ((b * s[1] + i) * s[2] + j) * row,",
-        "sdpa_bthd's layout swap copies rows in place of swapping the head and sequence dims",
+        'RunKernelOf("permute", ctx, {x}, out, {std::vector<int64_t>{0, 2, 1, 3}});',
+        'RunKernelOf("permute", ctx, {x}, out, {std::vector<int64_t>{0, 1, 2, 3}});',
+        "sdpa_bthd's layout swap copies in place of swapping the head and sequence dims",
         ops("attention"),
     ),
 ]

@@ -19,7 +19,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -376,40 +375,31 @@ void SdpaBackwardKernel(KernelContext& ctx) {
     DispatchFloat(ctx.in[1].dtype(), "sdpa_backward", [&](auto tag) { SdpaBackward<decltype(tag)>(ctx); });
 }
 
-// x [B, I, J, D] with dims 1 and 2 swapped, into y [B, J, I, D] (a new tensor when y is null).
-Tensor SwapMiddle(const Tensor& x, const Tensor* y = nullptr) {
+// x [B, I, J, D] with dims 1 and 2 swapped, by permute's kernel, into y [B, J, I, D] (a new tensor when y is null).
+Tensor SwapMiddle(const KernelContext& ctx, const Tensor& x, const Tensor* y = nullptr) {
     const Shape& s = x.shape();
-    Tensor out = y ? *y : Tensor::Empty({s[0], s[2], s[1], s[3]}, x.dtype(), x.device());
-    const size_t row = static_cast<size_t>(s[3]) * DataTypeSize(x.dtype());
-    const auto* src = static_cast<const char*>(x.data());
-    auto* dst = static_cast<char*>(out.data());
-    for (int64_t b = 0; b < s[0]; ++b) {
-        for (int64_t i = 0; i < s[1]; ++i) {
-            for (int64_t j = 0; j < s[2]; ++j) {
-                std::memcpy(dst + ((b * s[2] + j) * s[1] + i) * row, src + ((b * s[1] + i) * s[2] + j) * row, row);
-            }
-        }
-    }
-    return out;
+    std::vector<Tensor> out = {y ? *y : Tensor::Empty({s[0], s[2], s[1], s[3]}, x.dtype(), x.device())};
+    RunKernelOf("permute", ctx, {x}, out, {std::vector<int64_t>{0, 2, 1, 3}});
+    return out[0];
 }
 
 void SdpaBthdKernel(KernelContext& ctx) {
-    std::vector<Tensor> in = {SwapMiddle(ctx.in[0]), SwapMiddle(ctx.in[1]), SwapMiddle(ctx.in[2])};
+    std::vector<Tensor> in = {SwapMiddle(ctx, ctx.in[0]), SwapMiddle(ctx, ctx.in[1]), SwapMiddle(ctx, ctx.in[2])};
     std::vector<Tensor> out = {Tensor::Empty(in[0].shape(), in[0].dtype(), in[0].device()), ctx.out[1]};
     KernelContext sub{in, out, ctx.attrs, ctx.device, ctx.stream, ctx.op};
     SdpaKernel(sub);
-    SwapMiddle(out[0], &ctx.out[0]);
+    SwapMiddle(ctx, out[0], &ctx.out[0]);
 }
 
 void SdpaBthdBackwardKernel(KernelContext& ctx) {
     std::vector<Tensor> in;
-    for (int k = 0; k < 5; ++k) in.push_back(SwapMiddle(ctx.in[k]));
+    for (int k = 0; k < 5; ++k) in.push_back(SwapMiddle(ctx, ctx.in[k]));
     in.push_back(ctx.in[5]);
     std::vector<Tensor> out;
     for (int k = 1; k < 4; ++k) out.push_back(Tensor::Empty(in[k].shape(), in[k].dtype(), in[k].device()));
     KernelContext sub{in, out, ctx.attrs, ctx.device, ctx.stream, ctx.op};
     SdpaBackwardKernel(sub);
-    for (int k = 0; k < 3; ++k) SwapMiddle(out[k], &ctx.out[k]);
+    for (int k = 0; k < 3; ++k) SwapMiddle(ctx, out[k], &ctx.out[k]);
 }
 
 }  // namespace

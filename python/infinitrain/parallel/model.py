@@ -76,6 +76,16 @@ class _TPModule(nn.Module):
     def specs(self):
         return self._specs
 
+    def _split_heads(self, cfg, region):
+        """This rank's query heads; key/value heads split like them when there are at least as many as ranks,
+        else all held (kv_heads 1 used: the kv_index-th)."""
+        tp, nkv = region.size, cfg.n_kv_head
+        self.region, self.hd = region, cfg.head_dim
+        self.heads = cfg.n_head // tp
+        self.split_kv = nkv % tp == 0
+        self.kv_heads = nkv // tp if self.split_kv else 1
+        self.kv_index = region.rank * nkv // tp
+
 
 class GPT2AttentionTP(_TPModule):
     """GPT-2's attention with this rank's heads: c_attn rows of its q, k and v heads, c_proj's matching columns."""
@@ -129,11 +139,8 @@ class LLaMA3AttentionTP(_TPModule):
         super().__init__()
         tp, r = region.size, region.rank
         nh, nkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.region, self.hd = region, hd
-        self.heads = nh // tp
-        self.split_kv = nkv % tp == 0
-        self.kv_heads = nkv // tp if self.split_kv else 1
-        self.nkv, self.kv_index = nkv, r * nkv // tp
+        self._split_heads(cfg, region)
+        self.nkv = nkv
         kv_pieces = tp if self.split_kv else 1
         qkv = Spec(full.c_attn.weight.shape, 0, [(nh * hd, tp), (nkv * hd, kv_pieces), (nkv * hd, kv_pieces)])
         proj = Spec(full.c_proj.weight.shape, 1, [(nh * hd, tp)])
@@ -187,11 +194,7 @@ class DecoderAttentionTP(_TPModule):
         super().__init__()
         tp, r = region.size, region.rank
         nh, nkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-        self.region, self.hd = region, hd
-        self.heads = nh // tp
-        self.split_kv = nkv % tp == 0
-        self.kv_heads = nkv // tp if self.split_kv else 1
-        self.kv_index = r * nkv // tp
+        self._split_heads(cfg, region)
         q = Spec(full.q_proj.weight.shape, 0, [(nh * hd, tp)])
         kv = Spec(full.k_proj.weight.shape, 0, [(nkv * hd, tp if self.split_kv else 1)])
         o = Spec(full.o_proj.weight.shape, 1, [(nh * hd, tp)])
