@@ -7,12 +7,16 @@
 //     one [g*T, D] matrix and every product is one strided-batched GEMM over B * Hkv batches:
 //       scores [g*T, S] = scale * Q K^T;  row softmax (causal: key s > query t masked) writes P in place and
 //       lse = max + log(sum);  out = P V.
-//   sdpa_backward(dO, q, k, v, out, lse) -> dq, dk, dv: recomputes P = exp(scores - lse) (masked entries 0), then
-//       dV = P^T dO;  dP = dO V^T;  dS = P * (dP - rowsum(dO * out));  dQ = scale * dS K;  dK = scale * dS^T Q,
-//     where the [S, g*T] @ [g*T, D] products sum over the g query heads of a kv head by construction.
+//     Causal attention runs in blocks of kSdpaQueryBlock queries (one GEMM per query head of a kv head): block j
+//     takes only its first (j + 1) * tb keys, which skips the masked upper triangle (about half of the products
+//     and of the score memory at T = 1024) and bounds the scratch to one block.
+//   sdpa_backward(dO, q, k, v, out, lse) -> dq, dk, dv: per block, recomputes the scores and dP = dO V^T, then in
+//     one pass P = exp(scores - lse) (masked entries 0) and dS = P * (dP - rowsum(dO * out)); dV += P^T dO,
+//     dQ = scale * dS K, dK += scale * dS^T Q (the [S, g*T] @ [g*T, D] products sum over the query heads of a kv
+//     head by construction; the blocks run last first, so the first product into dK, dV covers all S keys).
 //   sdpa_bthd(q [B, T, Hq, D], ...) runs sdpa between permute copies.
-//   This is the GEMM path: scratch is O(B * Hq * T * S) (one score matrix forward, two backward, plus 16-bit
-//   copies of P); flash_attention.cuh runs without it where it applies.
+//   This is the GEMM path: scratch is O(B * Hq * min(T, kSdpaQueryBlock) * S) (a score block forward, two
+//   backward, plus 16-bit copies of P and dS); flash_attention.cuh runs without it where it applies.
 // Precision: softmax in float32 (float64 for float64 inputs). float32/float64 GEMMs in their own type; bfloat16/
 // float16 GEMMs take their 16-bit operands as they are (tensor cores, float32 accumulation) with P and dS rounded
 // to the 16-bit type before their products, as cuDNN and the flash kernels do; lse is float32 (float64).
@@ -23,6 +27,9 @@
 #include "backends/gpu/common.cuh"
 
 namespace infinitrain::gpu {
+
+// Queries per block of the causal GEMM path.
+constexpr int64_t kSdpaQueryBlock = 128;
 
 template <typename T>
 __global__ void RopeKernel(const T* __restrict__ x, const Acc<T>* __restrict__ cos_t, const Acc<T>* __restrict__ sin_t,
@@ -36,11 +43,20 @@ __global__ void RopeKernel(const T* __restrict__ x, const Acc<T>* __restrict__ c
     }
 }
 
-// Rows of the score matrix [rows, S]; row r is query t = r % T. Each 32-lane group (kBlock false) or block (true)
-// turns one row into probabilities (masked keys 0), written to probs (the scores themselves, or a 16-bit copy), and
-// writes its lse.
+// The query rows of one score block [B * Hkv, g, tb, S]: row r is query t0 + r % tb of query head q = r / tb
+// (the index into [B, Hq]), its row of q, out and lse [B * Hq, T] is q * T + t0 + r % tb. The causal GEMM path
+// runs a block of tb queries at a time against their first t0 + tb keys; without blocks tb = T and t0 = 0.
+struct QueryRows {
+    int64_t tb, t0, T;
+    __device__ int64_t Query(int64_t r) const { return t0 + r % tb; }
+    __device__ int64_t Row(int64_t r) const { return (r / tb) * T + Query(r); }
+};
+
+// Rows of a score block [rows, S]. Each 32-lane group (kBlock false) or block (true) turns one row into
+// probabilities (keys after the query masked to 0 when causal), written to probs (the scores themselves, or a
+// 16-bit copy), and writes its lse.
 template <bool kBlock, typename C, typename O>
-__global__ void SdpaSoftmaxKernel(C* scores, O* probs, C* __restrict__ lse, int64_t rows, int64_t T_len, int64_t S,
+__global__ void SdpaSoftmaxKernel(C* scores, O* probs, C* __restrict__ lse, int64_t rows, int64_t S, QueryRows qr,
                                   bool causal) {
     const int per_block = kBlock ? 1 : blockDim.x / kGroup;
     const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
@@ -49,7 +65,7 @@ __global__ void SdpaSoftmaxKernel(C* scores, O* probs, C* __restrict__ lse, int6
         const int64_t r = base + sub;
         const bool valid = r < rows;
         C* row = scores + (valid ? r : 0) * S;
-        const int64_t n = !valid ? 0 : (causal ? r % T_len + 1 : S);  // causal implies T == S
+        const int64_t n = !valid ? 0 : (causal ? qr.Query(r) + 1 : S);
         C mx = -INFINITY;
         for (int64_t s = pos; s < n; s += width) mx = Fmax(mx, row[s]);
         mx = kBlock ? BlockReduce(mx, FmaxOp(), C(-INFINITY)) : GroupReduce(mx, FmaxOp());
@@ -60,36 +76,33 @@ __global__ void SdpaSoftmaxKernel(C* scores, O* probs, C* __restrict__ lse, int6
         if (valid) {
             O* out = probs + r * S;
             for (int64_t s = pos; s < S; s += width) out[s] = FromAcc<O>(s < n ? Exp(row[s] - mx) * inv : C(0));
-            if (pos == 0) lse[r] = mx + Log(sum);  // S == 0: -inf
+            if (pos == 0) lse[qr.Row(r)] = mx + Log(sum);  // S == 0: -inf
         }
     }
 }
 
-// P = exp(scores - lse) in place, masked keys 0; also rounded into p16 when it is not null.
-template <typename C, typename O>
-__global__ void SdpaProbsKernel(C* __restrict__ scores, O* __restrict__ p16, const C* __restrict__ lse, int64_t rows,
-                                int64_t T_len, int64_t S, bool causal) {
-    GPU_KERNEL_LOOP(i, rows * S) {
-        const int64_t r = i / S, s = i - r * S;
-        const C p = (causal && s > r % T_len) ? C(0) : Exp(scores[i] - lse[r]);
-        scores[i] = p;
-        if (p16) p16[i] = FromAcc<O>(p);
-    }
-}
-
-// dS[r, s] = P[r, s] * (dP[r, s] - D_r), D_r = sum_e dO[r, e] * out[r, e] (in double, rounded to C), into ds (dP
-// itself, or a 16-bit copy); one block per row.
+// Backward of a score block, one block per row: P = exp(scores - lse) (masked keys 0) into p (the scores
+// themselves, or a 16-bit copy) and dS = P * (dP - D_r), D_r = sum_e dO[r, e] * out[r, e] (in double, rounded to
+// C), into ds (dP itself, or a 16-bit copy). Each element is read before it is written by the same thread, so p
+// and ds may alias scores and dP.
 template <typename T, typename C, typename O>
-__global__ void SdpaDsKernel(const C* __restrict__ P, const C* dP, O* ds, const T* __restrict__ dO,
-                             const T* __restrict__ out, int64_t rows, int64_t S, int64_t D) {
+__global__ void SdpaProbsDsKernel(const C* scores, const C* dP, O* p, O* ds, const C* __restrict__ lse,
+                                  const T* __restrict__ dO, const T* __restrict__ out, int64_t rows, int64_t S,
+                                  int64_t D, QueryRows qr, bool causal) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t row = qr.Row(r), n = causal ? qr.Query(r) + 1 : S;
         double di = 0;
         for (int64_t e = threadIdx.x; e < D; e += blockDim.x) {
-            di += static_cast<double>(ToAcc(dO[r * D + e])) * static_cast<double>(ToAcc(out[r * D + e]));
+            di += static_cast<double>(ToAcc(dO[row * D + e])) * static_cast<double>(ToAcc(out[row * D + e]));
         }
         const C dc = static_cast<C>(BlockReduce(di, SumOp(), 0.0));
+        const C l = lse[row];
         for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
-            ds[r * S + s] = FromAcc<O>(P[r * S + s] * (dP[r * S + s] - dc));
+            const int64_t i = r * S + s;
+            const C pv = s < n ? Exp(scores[i] - l) : C(0);
+            const C dv = pv * (dP[i] - dc);
+            p[i] = FromAcc<O>(pv);
+            ds[i] = FromAcc<O>(dv);
         }
     }
 }

@@ -1,5 +1,6 @@
 // Op adapters for rope, sdpa, sdpa_backward and sdpa_bthd(_backward) (kernels in attention.cuh and
 // flash_attention.cuh, GEMMs in gemm.cuh).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -70,17 +71,47 @@ SdpaDims GetDims(const Tensor& q, const Tensor& k) {
     return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q.size(1) / k.size(1)};
 }
 
+// The GEMM path's query blocks (attention.cuh): all T queries at once, or causal blocks of kSdpaQueryBlock.
+struct SdpaBlocks {
+    int64_t tb, count;
+};
+
+SdpaBlocks PlanBlocks(const SdpaDims& d, bool causal) {
+    if (!causal || d.T <= kSdpaQueryBlock) return {d.T, 1};
+    return {kSdpaQueryBlock, (d.T + kSdpaQueryBlock - 1) / kSdpaQueryBlock};
+}
+
+// Block j: queries [t0, t0 + tb) against keys [0, keys). One block takes all g query heads of a kv head in one
+// GEMM ([g*T, D] rows); causal blocks take one head per GEMM (calls of them). Its scores are [B * Hkv, g, tb,
+// keys]; call c's part starts at sc_off(c) with a batch stride of sc_stride, its query rows at q_off(c).
+struct SdpaBlock {
+    int64_t t0, tb, keys, heads, calls;
+    const SdpaDims* d;
+    int64_t m() const { return heads * tb; }
+    int64_t rows() const { return d->B * d->Hq * tb; }
+    int64_t q_off(int64_t c) const { return (c * d->T + t0) * d->D; }
+    int64_t sc_off(int64_t c) const { return c * tb * keys; }
+    int64_t sc_stride() const { return d->g * tb * keys; }
+    QueryRows query_rows() const { return {tb, t0, d->T}; }
+};
+
+SdpaBlock BlockOf(const SdpaDims& d, const SdpaBlocks& plan, int64_t j) {
+    const int64_t t0 = j * plan.tb, tb = std::min(plan.tb, d.T - t0);
+    const bool whole = plan.count == 1;
+    return {t0, tb, whole ? d.S : t0 + tb, whole ? d.g : 1, whole ? 1 : d.g, &d};
+}
+
 // Launches a row kernel over `rows` rows of length n: a 32-lane group per row up to 1024, else a block.
 template <typename C, typename O>
-void LaunchSdpaSoftmax(NativeStream_t s, C* scores, O* probs, C* lse, int64_t rows, int64_t T_len, int64_t S,
+void LaunchSdpaSoftmax(NativeStream_t s, C* scores, O* probs, C* lse, int64_t rows, int64_t S, QueryRows qr,
                        bool causal) {
     if (rows == 0) return;
     if (S <= 1024) {
         SdpaSoftmaxKernel<false, C, O>
-            <<<Blocks(rows, kThreads / kGroup), kThreads, 0, s>>>(scores, probs, lse, rows, T_len, S, causal);
+            <<<Blocks(rows, kThreads / kGroup), kThreads, 0, s>>>(scores, probs, lse, rows, S, qr, causal);
     } else {
         SdpaSoftmaxKernel<true, C, O>
-            <<<Blocks(rows, 1), RowBlockThreads(S), 0, s>>>(scores, probs, lse, rows, T_len, S, causal);
+            <<<Blocks(rows, 1), RowBlockThreads(S), 0, s>>>(scores, probs, lse, rows, S, qr, causal);
     }
 }
 
@@ -97,8 +128,8 @@ void SdpaForward(KernelContext& ctx) {
     const bool causal = ctx.i(0) != 0;
     const double scale = ctx.f(1);
     const SdpaDims d = GetDims(q, k);
-    const int64_t rows = d.B * d.Hq * d.T, gT = d.g * d.T, batch = d.B * d.Hkv;
-    if (rows == 0) return;  // no queries: nothing to write
+    const int64_t batch = d.B * d.Hkv, sq = d.g * d.T * d.D, skv = d.S * d.D;
+    if (d.B * d.Hq * d.T == 0) return;  // no queries: nothing to write
     NativeStream_t s = NativeStream(ctx);
     if constexpr (!std::is_same<T, double>::value) {
         if (UseFlash<T>() &&
@@ -109,18 +140,27 @@ void SdpaForward(KernelContext& ctx) {
     }
     BlasHandle h = Blas(ctx);
     const DataType ct = std::is_same<C, double>::value ? DataType::kFloat64 : DataType::kFloat32;
-    Tensor scores_t = Scratch(ctx, {rows * d.S}, ct);
-    Tensor probs_t = k16 ? Scratch(ctx, {rows * d.S}, q.dtype()) : scores_t;
+    const SdpaBlocks plan = PlanBlocks(d, causal);
+    const int64_t scratch = d.B * d.Hq * plan.tb * d.S;  // the largest block's scores
+    Tensor scores_t = Scratch(ctx, {scratch}, ct);
+    Tensor probs_t = k16 ? Scratch(ctx, {scratch}, q.dtype()) : scores_t;
     C* scores = scores_t.data<C>();
     T* probs = static_cast<T*>(probs_t.data());
-    // scores[bg] [g*T, S] = scale * Q[bg] [g*T, D] @ K[bg] [S, D]^T
-    RowMajorGemm<T, C>(op, h, s, false, true, gT, d.S, d.D, scale, q.data<T>(), gT * d.D, k.data<T>(), d.S * d.D, 0.0,
-                       scores, gT * d.S, batch);
-    LaunchSdpaSoftmax<C, T>(s, scores, probs, lse.data<C>(), rows, d.T, d.S, causal);
-    GPU_CHECK_LAUNCH(op);
-    // out[bg] [g*T, D] = P [g*T, S] @ V [S, D]
-    RowMajorGemm<T, T>(op, h, s, false, false, gT, d.D, d.S, 1.0, probs, gT * d.S, v.data<T>(), d.S * d.D, 0.0,
-                       out.data<T>(), gT * d.D, batch);
+    for (int64_t j = 0; j < plan.count; ++j) {
+        const SdpaBlock b = BlockOf(d, plan, j);
+        // scores [tb, keys] = scale * Q [tb, D] @ K [keys, D]^T, per call.
+        for (int64_t c = 0; c < b.calls; ++c) {
+            RowMajorGemm<T, C>(op, h, s, false, true, b.m(), b.keys, d.D, scale, q.data<T>() + b.q_off(c), sq,
+                               k.data<T>(), skv, 0.0, scores + b.sc_off(c), b.sc_stride(), batch);
+        }
+        LaunchSdpaSoftmax<C, T>(s, scores, probs, lse.data<C>(), b.rows(), b.keys, b.query_rows(), causal);
+        GPU_CHECK_LAUNCH(op);
+        // out [tb, D] = P [tb, keys] @ V [keys, D]
+        for (int64_t c = 0; c < b.calls; ++c) {
+            RowMajorGemm<T, T>(op, h, s, false, false, b.m(), d.D, b.keys, 1.0, probs + b.sc_off(c), b.sc_stride(),
+                               v.data<T>(), skv, 0.0, out.data<T>() + b.q_off(c), sq, batch);
+        }
+    }
 }
 
 template <typename T>
@@ -133,8 +173,8 @@ void SdpaBackward(KernelContext& ctx) {
     const bool causal = ctx.i(0) != 0;
     const double scale = ctx.f(1);
     const SdpaDims d = GetDims(q, k);
-    const int64_t rows = d.B * d.Hq * d.T, gT = d.g * d.T, batch = d.B * d.Hkv;
-    const int64_t sq = gT * d.D, skv = d.S * d.D, ss = gT * d.S;  // batch strides
+    const int64_t rows = d.B * d.Hq * d.T, batch = d.B * d.Hkv;
+    const int64_t sq = d.g * d.T * d.D, skv = d.S * d.D;  // batch strides
     NativeStream_t s = NativeStream(ctx);
     if constexpr (!std::is_same<T, double>::value) {
         if (UseFlash<T>()) {
@@ -148,32 +188,44 @@ void SdpaBackward(KernelContext& ctx) {
     }
     BlasHandle h = Blas(ctx);
     const DataType ct = std::is_same<C, double>::value ? DataType::kFloat64 : DataType::kFloat32;
-    Tensor p_t = Scratch(ctx, {rows * d.S}, ct), dp_t = Scratch(ctx, {rows * d.S}, ct);
-    Tensor p16_t = k16 ? Scratch(ctx, {rows * d.S}, q.dtype()) : p_t;
-    C *P = p_t.data<C>(), *dP = dp_t.data<C>();
-    T* p16 = static_cast<T*>(p16_t.data());
-    // dS overwrites dP (float32/float64), or the 16-bit P copy once dV has read it (same stream).
-    T* dS = k16 ? p16 : reinterpret_cast<T*>(dP);
+    const SdpaBlocks plan = PlanBlocks(d, causal);
+    const int64_t scratch = d.B * d.Hq * plan.tb * d.S;
+    Tensor sc_t = Scratch(ctx, {scratch}, ct), dp_t = Scratch(ctx, {scratch}, ct);
+    Tensor p16_t = k16 ? Scratch(ctx, {scratch}, q.dtype()) : sc_t;
+    Tensor ds16_t = k16 ? Scratch(ctx, {scratch}, q.dtype()) : dp_t;
+    C *sc = sc_t.data<C>(), *dP = dp_t.data<C>();
+    // P overwrites the scores and dS overwrites dP (float32/float64), else 16-bit copies.
+    T* P = static_cast<T*>(p16_t.data());
+    T* dS = static_cast<T*>(ds16_t.data());
     const T *qd = q.data<T>(), *kd = k.data<T>(), *vd = v.data<T>(), *gd = g.data<T>();
-    // P = exp(scale * Q K^T - lse), masked keys 0.
-    RowMajorGemm<T, C>(op, h, s, false, true, gT, d.S, d.D, scale, qd, sq, kd, skv, 0.0, P, ss, batch);
-    if (rows * d.S > 0) {
-        SdpaProbsKernel<C, T>
-            <<<Blocks(rows * d.S), kThreads, 0, s>>>(P, k16 ? p16 : nullptr, lse.data<C>(), rows, d.T, d.S, causal);
-        GPU_CHECK_LAUNCH(op);
+    // The last block first: its products into dK and dV cover every key, so it writes them and the others add.
+    for (int64_t j = plan.count - 1; j >= 0; --j) {
+        const SdpaBlock b = BlockOf(d, plan, j);
+        const int64_t ss = b.sc_stride();
+        // scores = scale * Q K^T; dP = dO V^T.
+        for (int64_t c = 0; c < b.calls; ++c) {
+            RowMajorGemm<T, C>(op, h, s, false, true, b.m(), b.keys, d.D, scale, qd + b.q_off(c), sq, kd, skv, 0.0,
+                               sc + b.sc_off(c), ss, batch);
+            RowMajorGemm<T, C>(op, h, s, false, true, b.m(), b.keys, d.D, 1.0, gd + b.q_off(c), sq, vd, skv, 0.0,
+                               dP + b.sc_off(c), ss, batch);
+        }
+        if (b.rows() > 0) {
+            SdpaProbsDsKernel<T, C, T><<<Blocks(b.rows(), 1), RowBlockThreads(std::max(b.keys, d.D)), 0, s>>>(
+                sc, dP, P, dS, lse.data<C>(), gd, o.data<T>(), b.rows(), b.keys, d.D, b.query_rows(), causal);
+            GPU_CHECK_LAUNCH(op);
+        }
+        // dV [keys, D] += P^T [keys, tb] @ dO [tb, D]; dQ [tb, D] = scale * dS [tb, keys] @ K [keys, D];
+        // dK [keys, D] += scale * dS^T [keys, tb] @ Q [tb, D].
+        for (int64_t c = 0; c < b.calls; ++c) {
+            const double beta = (j == plan.count - 1 && c == 0) ? 0.0 : 1.0;
+            RowMajorGemm<T, T>(op, h, s, true, false, b.keys, d.D, b.m(), 1.0, P + b.sc_off(c), ss, gd + b.q_off(c), sq,
+                               beta, dv.data<T>(), skv, batch);
+            RowMajorGemm<T, T>(op, h, s, false, false, b.m(), d.D, b.keys, scale, dS + b.sc_off(c), ss, kd, skv, 0.0,
+                               dq.data<T>() + b.q_off(c), sq, batch);
+            RowMajorGemm<T, T>(op, h, s, true, false, b.keys, d.D, b.m(), scale, dS + b.sc_off(c), ss, qd + b.q_off(c),
+                               sq, beta, dk.data<T>(), skv, batch);
+        }
     }
-    // dV [S, D] = P^T [S, g*T] @ dO [g*T, D]; dP [g*T, S] = dO [g*T, D] @ V^T.
-    RowMajorGemm<T, T>(op, h, s, true, false, d.S, d.D, gT, 1.0, p16, ss, gd, sq, 0.0, dv.data<T>(), skv, batch);
-    RowMajorGemm<T, C>(op, h, s, false, true, gT, d.S, d.D, 1.0, gd, sq, vd, skv, 0.0, dP, ss, batch);
-    // dS = P * (dP - rowsum(dO * out)).
-    if (rows > 0) {
-        SdpaDsKernel<T, C, T><<<Blocks(rows, 1), RowBlockThreads(std::max(d.S, d.D)), 0, s>>>(
-            P, dP, dS, gd, o.data<T>(), rows, d.S, d.D);
-        GPU_CHECK_LAUNCH(op);
-    }
-    // dQ [g*T, D] = scale * dS [g*T, S] @ K [S, D]; dK [S, D] = scale * dS^T [S, g*T] @ Q [g*T, D].
-    RowMajorGemm<T, T>(op, h, s, false, false, gT, d.D, d.S, scale, dS, ss, kd, skv, 0.0, dq.data<T>(), sq, batch);
-    RowMajorGemm<T, T>(op, h, s, true, false, d.S, d.D, gT, scale, dS, ss, qd, sq, 0.0, dk.data<T>(), skv, batch);
 }
 
 // x [B, I, J, D] with dims 1 and 2 swapped, by permute's kernel, into y [B, J, I, D] (new scratch when y is null).
