@@ -118,8 +118,8 @@ SDPA_DIMS = [
     (1, 6, 2, 77, 77, 32),
     (1, 2, 1, 65, 65, 128),
     (1, 3, 3, 5, 131, 64),  # a 5-query tile over three key tiles (non-causal only)
-    # The GPU GEMM path's causal query blocks (128 queries): two whole blocks; three with a tail, 3 heads a kv head.
-    (1, 2, 2, 256, 256, 8),
+    # The GPU GEMM path's causal query blocks (256 queries): two whole blocks; two with a tail, 3 heads a kv head.
+    (1, 2, 2, 512, 512, 8),
     (2, 3, 1, 300, 300, 16),
 ]
 

@@ -303,13 +303,18 @@ def test_inputs_that_used_to_print_tracebacks(corpus, tmp_path):
         fixed = any(f.startswith(("--tokenizer_bin", "--llmc_filepath")) for f in flags)
         p = run_train("--num_iteration=2", *(TINY_RUN if fixed else TINY), *flags, check=False)
         assert_one_line_error(p, needle)
-    # The SIGABRT case: attention over 100000 positions needs more scratch than the machine has.
+    # The SIGABRT case: attention over 100000 positions. Kernels with a [T, S] score matrix need more scratch than
+    # the machine has and must say so in one line; those without it (flash kernels, the GPU GEMM path's causal
+    # blocks) train. Never a signal.
     p = run_train(
         f"--input_bin={long_data}", "--num_iteration=1", "--sequence_length=100000", "--batch_size=1", "--n_layer=1",
         "--n_embd=32", "--n_head=2", "--vocab_size=64", "--sample_every=0", check=False,
     )  # fmt: skip
-    assert p.returncode > 0, p.stderr  # not killed by a signal
-    assert_one_line_error(p, "out of memory", "sdpa")
+    assert p.returncode >= 0, p.stderr  # not killed by a signal
+    if p.returncode:
+        assert_one_line_error(p, "out of memory", "sdpa")
+    else:
+        assert "step 1/1" in p.stdout, p.stdout
 
 
 # ---- non-finite numbers -------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@
 //       scores [g*T, S] = scale * Q K^T;  row softmax (causal: key s > query t masked) writes P in place and
 //       lse = max + log(sum);  out = P V.
 //     Causal attention runs in blocks of kSdpaQueryBlock queries (one GEMM per query head of a kv head): block j
-//     takes only its first (j + 1) * tb keys, which skips the masked upper triangle (about half of the products
-//     and of the score memory at T = 1024) and bounds the scratch to one block.
+//     takes only its first (j + 1) * tb keys, which skips the masked upper triangle (3/8 of the products and
+//     of the score memory at T = 1024) and bounds the scratch to one block.
 //   sdpa_backward(dO, q, k, v, out, lse) -> dq, dk, dv: per block, recomputes the scores and dP = dO V^T, then in
 //     one pass P = exp(scores - lse) (masked entries 0) and dS = P * (dP - rowsum(dO * out)); dV += P^T dO,
 //     dQ = scale * dS K, dK += scale * dS^T Q (the [S, g*T] @ [g*T, D] products sum over the query heads of a kv
@@ -28,8 +28,8 @@
 
 namespace infinitrain::gpu {
 
-// Queries per block of the causal GEMM path.
-constexpr int64_t kSdpaQueryBlock = 128;
+// Queries per block of the causal GEMM path (INFINITRAIN_GPU_SDPA_BLOCK overrides it, to measure others).
+constexpr int64_t kSdpaQueryBlock = 256;
 
 template <typename T>
 __global__ void RopeKernel(const T* __restrict__ x, const Acc<T>* __restrict__ cos_t, const Acc<T>* __restrict__ sin_t,
@@ -81,23 +81,29 @@ __global__ void SdpaSoftmaxKernel(C* scores, O* probs, C* __restrict__ lse, int6
     }
 }
 
-// Backward of a score block, one block per row: P = exp(scores - lse) (masked keys 0) into p (the scores
-// themselves, or a 16-bit copy) and dS = P * (dP - D_r), D_r = sum_e dO[r, e] * out[r, e] (in double, rounded to
-// C), into ds (dP itself, or a 16-bit copy). Each element is read before it is written by the same thread, so p
-// and ds may alias scores and dP.
-template <typename T, typename C, typename O>
+// Backward of a score block: P = exp(scores - lse) (masked keys 0) into p (the scores themselves, or a 16-bit
+// copy) and dS = P * (dP - D_r), D_r = sum_e dO[r, e] * out[r, e] (in double, rounded to C), into ds (dP itself,
+// or a 16-bit copy); a 32-lane group (kBlock false) or a block (true) per row, as the softmax. Each element is read
+// before the same thread writes it, so p and ds may alias scores and dP.
+template <bool kBlock, typename T, typename C, typename O>
 __global__ void SdpaProbsDsKernel(const C* scores, const C* dP, O* p, O* ds, const C* __restrict__ lse,
                                   const T* __restrict__ dO, const T* __restrict__ out, int64_t rows, int64_t S,
                                   int64_t D, QueryRows qr, bool causal) {
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const int64_t row = qr.Row(r), n = causal ? qr.Query(r) + 1 : S;
+    const int per_block = kBlock ? 1 : blockDim.x / kGroup;
+    const int64_t sub = kBlock ? 0 : threadIdx.x / kGroup;
+    const int pos = kBlock ? threadIdx.x : threadIdx.x % kGroup, width = kBlock ? blockDim.x : kGroup;
+    GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
+        const int64_t r = base + sub;
+        const bool valid = r < rows;
+        const int64_t row = valid ? qr.Row(r) : 0, n = !valid ? 0 : (causal ? qr.Query(r) + 1 : S);
         double di = 0;
-        for (int64_t e = threadIdx.x; e < D; e += blockDim.x) {
+        for (int64_t e = pos; valid && e < D; e += width) {
             di += static_cast<double>(ToAcc(dO[row * D + e])) * static_cast<double>(ToAcc(out[row * D + e]));
         }
-        const C dc = static_cast<C>(BlockReduce(di, SumOp(), 0.0));
+        const C dc = static_cast<C>(kBlock ? BlockReduce(di, SumOp(), 0.0) : GroupReduce(di, SumOp()));
+        if (!valid) continue;
         const C l = lse[row];
-        for (int64_t s = threadIdx.x; s < S; s += blockDim.x) {
+        for (int64_t s = pos; s < S; s += width) {
             const int64_t i = r * S + s;
             const C pv = s < n ? Exp(scores[i] - l) : C(0);
             const C dv = pv * (dP[i] - dc);

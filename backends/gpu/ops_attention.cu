@@ -76,9 +76,25 @@ struct SdpaBlocks {
     int64_t tb, count;
 };
 
+int64_t QueryBlock() {
+    static const int64_t tb = [] {
+        const char* e = std::getenv("INFINITRAIN_GPU_SDPA_BLOCK");
+        if (!e || !*e) return kSdpaQueryBlock;
+        char* end = nullptr;
+        const long long v = std::strtoll(e, &end, 10);
+        if (*end || v < 16 || v > (1 << 20)) {
+            throw std::invalid_argument(std::string("INFINITRAIN_GPU_SDPA_BLOCK='") + e +
+                                        "': expected a query count of at least 16");
+        }
+        return static_cast<int64_t>(v);
+    }();
+    return tb;
+}
+
 SdpaBlocks PlanBlocks(const SdpaDims& d, bool causal) {
-    if (!causal || d.T <= kSdpaQueryBlock) return {d.T, 1};
-    return {kSdpaQueryBlock, (d.T + kSdpaQueryBlock - 1) / kSdpaQueryBlock};
+    const int64_t tb = QueryBlock();
+    if (!causal || d.T <= tb) return {d.T, 1};
+    return {tb, (d.T + tb - 1) / tb};
 }
 
 // Block j: queries [t0, t0 + tb) against keys [0, keys). One block takes all g query heads of a kv head in one
@@ -209,11 +225,14 @@ void SdpaBackward(KernelContext& ctx) {
             RowMajorGemm<T, C>(op, h, s, false, true, b.m(), b.keys, d.D, 1.0, gd + b.q_off(c), sq, vd, skv, 0.0,
                                dP + b.sc_off(c), ss, batch);
         }
-        if (b.rows() > 0) {
-            SdpaProbsDsKernel<T, C, T><<<Blocks(b.rows(), 1), RowBlockThreads(std::max(b.keys, d.D)), 0, s>>>(
+        if (b.rows() > 0 && b.keys <= 1024) {
+            SdpaProbsDsKernel<false, T, C, T><<<Blocks(b.rows(), kThreads / kGroup), kThreads, 0, s>>>(
                 sc, dP, P, dS, lse.data<C>(), gd, o.data<T>(), b.rows(), b.keys, d.D, b.query_rows(), causal);
-            GPU_CHECK_LAUNCH(op);
+        } else if (b.rows() > 0) {
+            SdpaProbsDsKernel<true, T, C, T><<<Blocks(b.rows(), 1), RowBlockThreads(std::max(b.keys, d.D)), 0, s>>>(
+                sc, dP, P, dS, lse.data<C>(), gd, o.data<T>(), b.rows(), b.keys, d.D, b.query_rows(), causal);
         }
+        GPU_CHECK_LAUNCH(op);
         // dV [keys, D] += P^T [keys, tb] @ dO [tb, D]; dQ [tb, D] = scale * dS [tb, keys] @ K [keys, D];
         // dK [keys, D] += scale * dS^T [keys, tb] @ Q [tb, D].
         for (int64_t c = 0; c < b.calls; ++c) {
