@@ -86,10 +86,11 @@ inline int64_t ForeachBlocks(const std::vector<int64_t>& n) {
     return blocks;
 }
 
-// Device: this block's piece s and the elements [begin, end) of it that its chunk covers.
+// Block b's piece s of a launch and the elements [begin, end) of that piece its chunk covers (host code checks the
+// layout with it: tools/foreach_check).
 template <int kPtrs, int kSlots>
-__device__ __forceinline__ int ForeachChunkOf(const ForeachBatch<kPtrs, kSlots>& batch, int64_t& begin, int64_t& end) {
-    const int32_t b = static_cast<int32_t>(blockIdx.x);
+__host__ __device__ __forceinline__ int ForeachChunkOf(const ForeachBatch<kPtrs, kSlots>& batch, int32_t b,
+                                                       int64_t& begin, int64_t& end) {
     int s = 0;
     while (s + 1 < batch.count && batch.first[s + 1] <= b) ++s;
     begin = static_cast<int64_t>(b - batch.first[s]) * kForeachChunk;
@@ -97,10 +98,11 @@ __device__ __forceinline__ int ForeachChunkOf(const ForeachBatch<kPtrs, kSlots>&
     return s;
 }
 
-template <typename T>
-__global__ void ForeachSumSquaresKernel(ForeachBatch1 batch, double* __restrict__ partial, int64_t base) {
+// Batch: the launches' ForeachBatch (other slot counts than the adapters' only in tools/foreach_check).
+template <typename T, typename Batch = ForeachBatch1>
+__global__ void ForeachSumSquaresKernel(Batch batch, double* __restrict__ partial, int64_t base) {
     int64_t begin, end;
-    const int s = ForeachChunkOf(batch, begin, end);
+    const int s = ForeachChunkOf(batch, static_cast<int32_t>(blockIdx.x), begin, end);
     const T* x = static_cast<const T*>(batch.ptr[0][s]);
     double acc = 0.0;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
@@ -112,19 +114,19 @@ __global__ void ForeachSumSquaresKernel(ForeachBatch1 batch, double* __restrict_
 }
 
 // S: the scale's storage type.
-template <typename T, typename S>
-__global__ void ForeachMulKernel(ForeachBatch1 batch, const S* __restrict__ scale) {
+template <typename T, typename S, typename Batch = ForeachBatch1>
+__global__ void ForeachMulKernel(Batch batch, const S* __restrict__ scale) {
     int64_t begin, end;
-    const int s = ForeachChunkOf(batch, begin, end);
+    const int s = ForeachChunkOf(batch, static_cast<int32_t>(blockIdx.x), begin, end);
     T* x = static_cast<T*>(batch.ptr[0][s]);
     const Acc<T> c = static_cast<Acc<T>>(ToAcc(*scale));
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = FromAcc<T>(ToAcc(x[i]) * c);
 }
 
-template <typename T>
-__global__ void ForeachAdamWKernel(ForeachBatch4 batch, AdamWParams h) {
+template <typename T, typename Batch = ForeachBatch4>
+__global__ void ForeachAdamWKernel(Batch batch, AdamWParams h) {
     int64_t begin, end;
-    const int s = ForeachChunkOf(batch, begin, end);
+    const int s = ForeachChunkOf(batch, static_cast<int32_t>(blockIdx.x), begin, end);
     T* p = static_cast<T*>(batch.ptr[0][s]);
     const T* g = static_cast<const T*>(batch.ptr[1][s]);
     Acc<T>* m = static_cast<Acc<T>*>(batch.ptr[2][s]);
