@@ -5,12 +5,12 @@
 //
 // (inputs; typed attributes) -> outputs, with `?` for an optional input, `...`
 // for a variadic one, `!` for an input the op writes in place (`xs!...`: every
-// input from that position on) and `: int64` (any dtype name) for an input of a
-// fixed dtype; plus its tier, the dtypes
-// its first other input accepts, the ops its backward uses, a named shape rule
-// and one line of doc. The table is the single source that the
-// dispatcher, the Python autograd layer, the tests, docs/ops.md and the
-// conformance report read. Providers may add ops of their own (provider.h).
+// input from that position on) and `: int64` (any dtype name) for an input of
+// a fixed dtype; plus its tier, the dtypes its first other input accepts, the
+// ops its backward uses, a named shape rule and one line of doc. The table is
+// the single source that the dispatcher, the Python autograd layer, the tests,
+// docs/ops.md and the conformance report read. Providers may add ops of their
+// own (provider.h).
 //
 // Op::Call validates the inputs against the schema and the shape rule,
 // allocates the outputs on the inputs' device, and runs, in this order of

@@ -741,17 +741,18 @@ RULE(ForeachAdamW) {
     }
     const size_t n = in.size() / 4;
     for (size_t k = 0; k < n; ++k) {
-        const std::string where = "set " + std::to_string(k) + " (inputs " + std::to_string(k) + ", " +
-                                  std::to_string(n + k) + ", " + std::to_string(2 * n + k) + ", " +
-                                  std::to_string(3 * n + k) + "): ";
+        auto where = [&] {
+            return "set " + std::to_string(k) + " (inputs " + std::to_string(k) + ", " + std::to_string(n + k) + ", " +
+                   std::to_string(2 * n + k) + ", " + std::to_string(3 * n + k) + "): ";
+        };
         if (in[k].dtype() != in[0].dtype()) {
-            OpError(op, where + "param is " + DataTypeName(in[k].dtype()) + ", set 0's " + DataTypeName(in[0].dtype()) +
-                            ": one param dtype per call");
+            OpError(op, where() + "param is " + DataTypeName(in[k].dtype()) + ", set 0's " +
+                            DataTypeName(in[0].dtype()) + ": one param dtype per call");
         }
         try {
             CheckAdamWSet("", in[k], in[n + k], in[2 * n + k], in[3 * n + k]);
         } catch (const std::invalid_argument& e) {
-            OpError(op, where + e.what());
+            OpError(op, where() + e.what());
         }
     }
     if (Int(a, 5) < 1) OpError(op, "step must be >= 1");

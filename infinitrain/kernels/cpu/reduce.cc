@@ -244,8 +244,9 @@ void SumSquaresKernel(KernelContext& c) {
         using T = decltype(tag);
         const T* xp = x.data<T>();
         ParallelFor(nchunks, kSquaresChunk, [&](int64_t b, int64_t e) {
-            for (int64_t k = b; k < e; ++k)
+            for (int64_t k = b; k < e; ++k) {
                 part[k] = SumSquaresRange(xp, k * kSquaresChunk, std::min(n, (k + 1) * kSquaresChunk));
+            }
         });
     });
     StoreSumSquares(part, c.out[0]);
