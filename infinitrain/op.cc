@@ -117,10 +117,14 @@ OpSchema ParseOpSchema(const OpDef& def) {
             }
             in = Trim(in.substr(0, colon));
         }
-        if (!in.empty() && in.back() == '!') {
-            input.written = true;
-            in.pop_back();
-        }
+        // `!` goes before or after the `...` / `?` marker (`xs!...`, `x?!`).
+        auto strip_written = [&] {
+            if (!in.empty() && in.back() == '!') {
+                input.written = true;
+                in.pop_back();
+            }
+        };
+        strip_written();
         if (in.size() > 3 && in.compare(in.size() - 3, 3, "...") == 0) {
             input.variadic = true;
             in.resize(in.size() - 3);
@@ -128,6 +132,7 @@ OpSchema ParseOpSchema(const OpDef& def) {
             input.optional = true;
             in.pop_back();
         }
+        if (!input.written) strip_written();
         if (!IsIdentifier(in, false)) fail("bad input '" + in + "'");
         if (!s.inputs.empty() && (s.inputs.back().variadic || (s.inputs.back().optional && !input.optional))) {
             fail("only the last inputs may be optional or variadic");
@@ -181,6 +186,19 @@ OpSchema ParseOpSchema(const OpDef& def) {
     s.doc = def.doc;
     if (!s.shape) fail("no shape rule");
     return s;
+}
+
+std::vector<int> OpSchema::Written(int num_inputs) const {
+    std::vector<int> out;
+    for (int k : inplace) {
+        if (k >= num_inputs) break;
+        if (!inputs[k].variadic) {
+            out.push_back(k);
+            continue;
+        }
+        for (int j = k; j < num_inputs; ++j) out.push_back(j);
+    }
+    return out;
 }
 
 const char* HowRunsName(HowRuns how) {
@@ -292,7 +310,7 @@ void RunOnCpu(const Op& op, const std::vector<Tensor>& in, std::vector<Tensor>& 
     KernelContext ctx{hin, hout, attrs, cpu, Stream(), &op};
     op.Kernel(DeviceType::kCPU)(ctx);
     for (size_t k = 0; k < out.size(); ++k) hout[k].CopyTo(out[k]);
-    for (int k : op.schema().inplace) hin[k].CopyTo(in[k]);
+    for (int k : op.schema().Written(static_cast<int>(in.size()))) hin[k].CopyTo(in[k]);
 }
 
 }  // namespace
@@ -459,7 +477,7 @@ std::vector<Tensor> Op::RunKernel(KernelFn fn, const Device& device, const std::
             if (t.nbytes()) rt.MemsetAsync(t.data(), 0xff, t.nbytes(), stream);
         }
     }
-    for (int k : schema_.inplace) in[k].storage()->BumpVersion();
+    for (int k : schema_.Written(static_cast<int>(in.size()))) in[k].storage()->BumpVersion();
     for (const Tensor& t : in) t.storage()->RecordStream(stream);
     KernelContext ctx{in, out, attrs, device, stream, this};
     fn(ctx);
@@ -487,7 +505,7 @@ std::vector<Tensor> Op::RunWithoutKernel(const Device& device, const std::vector
     std::vector<Tensor> out;
     out.reserve(metas.size());
     for (const TensorMeta& m : metas) out.push_back(Tensor::Empty(m.shape, m.dtype, device));
-    for (int k : schema_.inplace) in[k].storage()->BumpVersion();
+    for (int k : schema_.Written(static_cast<int>(in.size()))) in[k].storage()->BumpVersion();
     RunOnCpu(*this, in, out, attrs);
     return out;
 }

@@ -4,12 +4,13 @@
 //   layernorm(x, weight, bias; eps: float) -> (out, mean, rstd)
 //
 // (inputs; typed attributes) -> outputs, with `?` for an optional input, `...`
-// for a variadic one, `!` for an input the op writes in place and `: int64`
-// (any dtype name) for an input of a fixed dtype; plus its tier, the dtypes
-// its first other input accepts, the ops its backward uses, a named shape rule
-// and one line of doc. The table is the single source that the
-// dispatcher, the Python autograd layer, the tests, docs/ops.md and the
-// conformance report read. Providers may add ops of their own (provider.h).
+// for a variadic one, `!` for an input the op writes in place (`xs!...`: every
+// input from that position on) and `: int64` (any dtype name) for an input of
+// a fixed dtype; plus its tier, the dtypes its first other input accepts, the
+// ops its backward uses, a named shape rule and one line of doc. The table is
+// the single source that the dispatcher, the Python autograd layer, the tests,
+// docs/ops.md and the conformance report read. Providers may add ops of their
+// own (provider.h).
 //
 // Op::Call validates the inputs against the schema and the shape rule,
 // allocates the outputs on the inputs' device, and runs, in this order of
@@ -87,9 +88,12 @@ struct OpSchema {
     std::vector<Attr> attrs;
     std::vector<std::string> outputs;  // a last name ending in "..." is variadic
     int min_inputs = 0;
-    int max_inputs = 0;   // -1: unbounded
-    int typed_input = 0;  // the first input without a fixed dtype: `dtypes` applies to it
-    std::vector<int> inplace;
+    int max_inputs = 0;        // -1: unbounded
+    int typed_input = 0;       // the first input without a fixed dtype: `dtypes` applies to it
+    std::vector<int> inplace;  // positions in `inputs` of the written ones (`!`)
+    // The indices of the tensors a call with num_inputs inputs writes: a written variadic input covers every
+    // input from its position on, an absent optional one none.
+    std::vector<int> Written(int num_inputs) const;
     OpTier tier = OpTier::kRequired;
     DtypeSet dtypes = kAllDtypes;
     std::vector<std::string> backward;

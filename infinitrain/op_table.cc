@@ -28,10 +28,12 @@ RULE(Compare);
 RULE(Where);
 RULE(MaskedFill);
 RULE(Axpy);
+RULE(ForeachMul);
 RULE(Reduce);
 RULE(Amax);
 RULE(Argmax);
 RULE(SumSquares);
+RULE(ForeachSumSquares);
 RULE(Matmul);
 RULE(Linear);
 RULE(Embedding);
@@ -61,6 +63,7 @@ RULE(SdpaBthdBackward);
 RULE(CrossEntropy);
 RULE(CrossEntropyBackward);
 RULE(AdamW);
+RULE(ForeachAdamW);
 RULE(MoeTopk);
 RULE(MoeTopkBackward);
 RULE(MoePermute);
@@ -123,12 +126,14 @@ extern const OpDef kOpTable[] = {
 {"where(cond: bool, a, b) -> out",                                              R, kF,   "where",              Where,              "cond ? a : b, all three broadcast"},
 {"masked_fill(x, mask: bool; value: float) -> out",                             R, kF,   "masked_fill",        MaskedFill,         "mask ? value : x; mask broadcasts to x's shape"},
 {"axpy_(y!, x; alpha: float) -> ()",                                            R, kF,   "",                   Axpy,               "y += alpha * x (same shape and dtype)"},
+{"foreach_mul_(scale, xs!...) -> ()",                                           F, kF,   "",                   ForeachMul,         "x *= scale for every x in xs (one float dtype; no two sharing memory); scale 0-d, any float dtype, read on the device; the product in float32 (float64 for float64 xs), rounded once"},
 // ---- reductions ----
 {"sum(x; dims: ints, keepdim: int) -> out",                                     R, kF,   "fill_ add",          Reduce,             "sum over dims (all when empty)"},
 {"mean(x; dims: ints, keepdim: int) -> out",                                    R, kF,   "fill_ add affine",   Reduce,             "mean over dims (all when empty)"},
 {"amax(x; dims: ints, keepdim: int) -> out",                                    R, kF,   "eq div sum mul",     Amax,               "max over dims (all when empty)"},
 {"argmax(x; dim: int, keepdim: int) -> out",                                    R, kF,   "",                   Argmax,             "index (int64) of the first maximum along dim"},
 {"sum_squares(x) -> out",                                                       R, kF,   "",                   SumSquares,         "sum of x^2 over all elements, accumulated in float64; 0-d float32 (float64 for float64 x)"},
+{"foreach_sum_squares(xs...) -> out",                                           F, kF,   "",                   ForeachSumSquares,  "sum of x^2 over every element of every x in xs (one dtype), accumulated in float64 in an order fixed by the shapes alone; 0-d float32 (float64 for float64 xs)"},
 // ---- linear algebra ----
 {"matmul(a, b; trans_a: int, trans_b: int) -> out",                             R, kF,   "matmul sum",         Matmul,             "op(a) @ op(b) over the last two dims, batch dims broadcast; op transposes when trans_* is 1"},
 {"linear(x, weight, bias?) -> out",                                             R, kF,   "matmul sum",         Linear,             "x[..., in] @ weight[out, in]^T + bias[out]"},
@@ -172,6 +177,7 @@ extern const OpDef kOpTable[] = {
 {"moe_unpermute_backward(grad, y, source: int64, weights) -> (dy, dweights)",   F, kF,   "",                   MoeUnpermuteBackward, "gradients of moe_unpermute: dy[r] = weights[s] * grad[s / k] and dweights[s] = grad[s / k] . y[r] for s = source[r]"},
 // ---- optimizer ----
 {"adamw_(param!, grad, m!, v!; lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> ()", F, kF, "", AdamW, "decoupled-weight-decay Adam step in place; m and v are float32 (float64 for float64 params)"},
+{"foreach_adamw_(tensors!...; lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> ()", F, kF, "", ForeachAdamW, "n adamw_ steps in one, bit for bit the same: tensors are n params of one dtype (n >= 1), then their n grads, n m and n v; set k is (tensors[k], tensors[n + k], tensors[2n + k], tensors[3n + k]); grads are only read"},
 };
 // clang-format on
 
@@ -415,6 +421,31 @@ RULE(Argmax) {
 }
 
 RULE(SumSquares) { return {{Shape{}, StatType(in[0].dtype())}}; }
+
+// Inputs first.. of a foreach op, named name[k - first] in errors, share one float dtype.
+void CheckForeachDtypes(const char* op, const In& in, size_t first, const char* name) {
+    const DataType t = in[first].dtype();
+    if (!IsFloat(t)) {
+        OpError(op, std::string(name) + "[0] must be float32, bfloat16, float16 or float64, got " + DataTypeName(t));
+    }
+    for (size_t k = first + 1; k < in.size(); ++k) {
+        if (in[k].dtype() != t) {
+            OpError(op, std::string(name) + "[" + std::to_string(k - first) + "] is " + DataTypeName(in[k].dtype()) +
+                            ", " + name + "[0] " + DataTypeName(t) + ": all " + name + " must share one dtype");
+        }
+    }
+}
+
+RULE(ForeachSumSquares) {
+    CheckForeachDtypes(op, in, 0, "xs");
+    return {{Shape{}, StatType(in[0].dtype())}};
+}
+
+RULE(ForeachMul) {
+    if (in[0].dim() != 0) OpError(op, "scale must be 0-d, got shape " + ShapeToString(in[0].shape()));
+    CheckForeachDtypes(op, in, 1, "xs");
+    return {};
+}
 
 RULE(Matmul) {
     CheckSameDtype(op, in[0], in[1]);
@@ -689,11 +720,41 @@ RULE(CrossEntropyBackward) {
     return {{in[0].shape(), in[0].dtype()}};
 }
 
+void CheckAdamWSet(const char* op, const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v) {
+    CheckSameDtype(op, param, grad);
+    for (const Tensor* t : {&grad, &m, &v}) CheckSameShape(op, param, *t, "param, grad, m and v");
+    CheckDtype(op, m, StatType(param.dtype()), "m");
+    CheckDtype(op, v, StatType(param.dtype()), "v");
+}
+
 RULE(AdamW) {
-    CheckSameDtype(op, in[0], in[1]);
-    for (int k = 1; k < 4; ++k) CheckSameShape(op, in[0], in[k], "param, grad, m and v");
-    CheckDtype(op, in[2], StatType(in[0].dtype()), "m");
-    CheckDtype(op, in[3], StatType(in[0].dtype()), "v");
+    CheckAdamWSet(op, in[0], in[1], in[2], in[3]);
+    if (Int(a, 5) < 1) OpError(op, "step must be >= 1");
+    return {};
+}
+
+// adamw_'s checks on every set, which errors name by its inputs.
+RULE(ForeachAdamW) {
+    if (in.size() % 4 != 0) {
+        OpError(op,
+                "expected 4n tensors (n params, then their n grads, n m and n v), got " + std::to_string(in.size()));
+    }
+    const size_t n = in.size() / 4;
+    for (size_t k = 0; k < n; ++k) {
+        auto where = [&] {
+            return "set " + std::to_string(k) + " (inputs " + std::to_string(k) + ", " + std::to_string(n + k) + ", " +
+                   std::to_string(2 * n + k) + ", " + std::to_string(3 * n + k) + "): ";
+        };
+        if (in[k].dtype() != in[0].dtype()) {
+            OpError(op, where() + "param is " + DataTypeName(in[k].dtype()) + ", set 0's " +
+                            DataTypeName(in[0].dtype()) + ": one param dtype per call");
+        }
+        try {
+            CheckAdamWSet("", in[k], in[n + k], in[2 * n + k], in[3 * n + k]);
+        } catch (const std::invalid_argument& e) {
+            OpError(op, where() + e.what());
+        }
+    }
     if (Int(a, 5) < 1) OpError(op, "step must be >= 1");
     return {};
 }

@@ -69,6 +69,15 @@ def inputs_for(name, dtype):
         p, grad = f(4, 5), f(4, 5)
         m, vv = to_device(g.standard_normal((4, 5)), stat), to_device(g.uniform(0, 1, (4, 5)), stat)
         return [p, grad, m, vv], [1e-2, 0.9, 0.95, 1e-8, 0.1, 3]
+    shapes = [(4, 5), (3,), (0,), (), (17,)]
+    if name == "foreach_sum_squares":
+        return [f(*s) for s in shapes], []
+    if name == "foreach_mul_":
+        return [to_device(round_to(np.array(g.uniform(0.25, 2.0)), dtype), dtype)] + [f(*s) for s in shapes], []
+    if name == "foreach_adamw_":
+        m = [to_device(g.standard_normal(s), stat) for s in shapes]
+        vv = [to_device(g.uniform(0, 1, s), stat) for s in shapes]
+        return [f(*s) for s in shapes] + [f(*s) for s in shapes] + m + vv, [1e-2, 0.9, 0.95, 1e-8, 0.1, 3]
     raise AssertionError(f"no inputs for {name}")
 
 
@@ -96,11 +105,11 @@ def clone(t):
 @pytest.mark.parametrize("name", FUSED)
 def test_composite_matches_native(name, dtype):
     ins, attrs = inputs_for(name, dtype)
-    inplace = _C.op(name).info()["inplace"]
+    written = _C.op(name).written(len(ins))
     native_in = [clone(t) for t in ins]
-    native = _C.op(name)(native_in, attrs) or [native_in[i] for i in inplace]
+    native = _C.op(name)(native_in, attrs) or [native_in[i] for i in written]
     comp_in = [clone(t) for t in ins]
-    comp = _C.op(name).call_composite(comp_in, attrs) or [comp_in[i] for i in inplace]
+    comp = _C.op(name).call_composite(comp_in, attrs) or [comp_in[i] for i in written]
     assert len(native) == len(comp)
     # Composites compute low-precision dtypes in float32, as the kernels do: the dtype's own tolerance holds
     # (measured worst: 0.05 of it for float32, 0.02 for bfloat16, 0.7 for float16 sdpa).
@@ -172,3 +181,37 @@ def test_cross_entropy_composite_handles_masked_logits():
     native = _C.op("cross_entropy")(ins, [-100])[0].numpy()
     comp = _C.op("cross_entropy").call_composite(ins, [-100])[0].numpy()
     assert np.isfinite(comp) and comp == pytest.approx(native, rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_optimizer_and_clipping_through_the_foreach_composites(dtype):
+    """clip_grad_norm_ and AdamW steps over parameters of two dtypes with every fused op on its composite
+    (foreach_sum_squares and foreach_mul_ on theirs, foreach_adamw_ on adamw_'s per set): what the kernels give,
+    within the dtype's tolerance."""
+    shapes = [(4, 5), (7,), (3, 3), (6,)]
+    dtypes = [dtype, dtype, dtype, "float32"]
+    init = [round_to(rng().standard_normal(s), d) for s, d in zip(shapes, dtypes, strict=True)]
+    grads = [[3 * rng().standard_normal(s) for s in shapes] for _ in range(3)]
+    results = []
+    for force in (False, True):
+        with dispatch.prefer_composites(FUSED if force else []):
+            for n in ("foreach_sum_squares", "foreach_mul_", "foreach_adamw_", "adamw_"):
+                assert dispatch.how(n, DEVICE) == ("composite" if force else "native")
+            ps = [it.nn.Parameter(it.from_numpy(a, dtype=d, device=DEVICE)) for a, d in zip(init, dtypes, strict=True)]
+            opt = it.optim.AdamW(ps, lr=0.05, weight_decay=0.1)
+            norms, clipped = [], []
+            for gs in grads:
+                for p, g in zip(ps, gs, strict=True):
+                    p.grad = it.from_numpy(g, dtype=p.dtype, device=DEVICE)
+                norms.append(it.optim.clip_grad_norm_(ps, 1.0).item())
+                clipped += [p.grad.numpy().astype(np.float64) for p in ps]
+                opt.step()
+            results.append((norms, clipped, [p.numpy().astype(np.float64) for p in ps]))
+    (n1, g1, p1), (n2, g2, p2) = results
+    np.testing.assert_allclose(n2, n1, rtol=TOL["float32"][0])  # one group is float32
+    assert all(np.sqrt(sum((g**2).sum() for g in g1[k : k + 4])) < 1.01 for k in range(0, 12, 4))  # clipped to 1
+    for a, b, d in zip(g1, g2, dtypes * 3, strict=True):
+        np.testing.assert_allclose(b, a, rtol=TOL[d][0], atol=TOL[d][1])
+    for a, b, d, a0 in zip(p1, p2, dtypes, init, strict=True):
+        assert np.abs(a - a0).max() > 0.01  # the steps moved the parameters
+        np.testing.assert_allclose(b, a, rtol=TOL[d][0], atol=TOL[d][1])

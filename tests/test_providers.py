@@ -128,6 +128,38 @@ def test_fused_ops_without_kernels_run_their_composites():
     """)
 
 
+def test_foreach_ops_without_kernels_run_their_composites():
+    """fake has no foreach kernels: their composites run, with the ops they use falling back to the CPU where fake
+    lacks them too (copy_, sum_squares, adamw_): the optimizer and clipping end where NumPy's float64 ones do."""
+    run_py("""
+        it.backends.set_cpu_fallback("fake", True)
+        for name in ("foreach_sum_squares", "foreach_mul_", "foreach_adamw_"):
+            assert _C.op(name).how("fake:0") == "composite", name
+        gen = np.random.default_rng()
+        shapes = [(3, 4), (5,), (0,), ()]
+        p0 = [gen.standard_normal(s) for s in shapes]
+        g0 = [3 * gen.standard_normal(s) for s in shapes]
+        ps = [it.nn.Parameter(it.from_numpy(a, device="fake:0")) for a in p0]
+        for p, g in zip(ps, g0):
+            p.grad = it.from_numpy(g, device="fake:0")
+        opt = it.optim.AdamW(ps, lr=0.1, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fallback's once-per-op warnings
+            norm = it.optim.clip_grad_norm_(ps, 1.0)
+            opt.step()
+        total = np.sqrt(sum((g**2).sum() for g in g0))
+        np.testing.assert_allclose(norm.numpy(), total, rtol=1e-12)
+        coef = 1.0 / (total + 1e-6)
+        for p, g in zip(ps, g0):
+            np.testing.assert_allclose(p.grad.numpy(), g * coef, rtol=1e-12)
+        for p, a, g in zip(ps, p0, g0):
+            g = g * coef  # AdamW's first step: m / sqrt(v) is g / |g| after the bias corrections
+            want = a * (1 - 0.1 * 0.1) - 0.1 * g / (np.abs(g) + 1e-8)
+            np.testing.assert_allclose(p.numpy(), want, rtol=1e-10, atol=1e-12)
+        print("ok")
+    """)
+
+
 def test_conformance_report_shows_how_the_provider_runs_each_op():
     run_py("""
         from infinitrain.tools import conformance

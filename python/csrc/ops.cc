@@ -140,6 +140,7 @@ void BindOps(py::module_& m) {
                  }
                  return l;
              })
+        .def("written", [](const Op& op, int num_inputs) { return op.schema().Written(num_inputs); })
         .def("has_kernel", [](const Op& op, const std::string& device) { return op.HasKernel(Dev(device).type); })
         .def("how", [](const Op& op, const std::string& device) { return HowRunsName(op.How(Dev(device).type)); })
         .def("set_composite", [](Op& op, py::function fn) { op.SetComposite(PythonComposite(std::move(fn))); })

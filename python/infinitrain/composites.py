@@ -1,4 +1,5 @@
-"""Composite definitions of the fused ops in terms of required ops.
+"""Composite definitions of the fused ops in terms of required ops (foreach_adamw_'s in terms of adamw_, whose
+kernel, or composite, runs on each set).
 
 Each is registered with the dispatcher when the package loads: a device
 without its own kernel for a fused op runs its composite (native tensors and
@@ -260,6 +261,23 @@ def adamw_(param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step):
     param.copy_(p)
 
 
+def foreach_sum_squares(xs):
+    """Each x's sum_squares (accumulated in float64) widened to float64 and summed; rounded once at the end."""
+    total = None
+    for x in xs:
+        s = F.cast(Tensor(dispatch.call("sum_squares", [x])[0]), "float64")
+        total = s if total is None else F.add(total, s)
+    return _down(total, "float64" if xs[0].dtype == "float64" else "float32")
+
+
+@autograd.no_grad()
+def foreach_mul_(scale, xs):
+    """Each x *= scale in place: the product in float32 (float64 for float64 x), rounded once to x's dtype."""
+    for x in xs:
+        xf = _up(x)
+        x.copy_(F.mul(xf, _down(scale, xf.dtype)))
+
+
 # ---- dispatcher-level composites: (native inputs, attrs) -> native outputs ----
 
 _FORWARD = {
@@ -324,6 +342,26 @@ def _adamw(ins, attrs):
     return []
 
 
+def _foreach_sum_squares(ins, attrs):
+    with autograd.no_grad(), amp.autocast(enabled=False):
+        return [foreach_sum_squares(_wrap(ins))._t]
+
+
+def _foreach_mul(ins, attrs):
+    with amp.autocast(enabled=False):
+        foreach_mul_(Tensor(ins[0]), _wrap(ins[1:]))
+    return []
+
+
+def _foreach_adamw(ins, attrs):
+    """adamw_ on each set: its kernel where the device has one (so the bits are adamw_'s), else its composite."""
+    n = len(ins) // 4
+    op = dispatch.op("adamw_")
+    for k in range(n):
+        op([ins[k], ins[n + k], ins[2 * n + k], ins[3 * n + k]], list(attrs))
+    return []
+
+
 COMPOSITES = {name: _forward(fn) for name, fn in _FORWARD.items()}
 COMPOSITES.update(
     {
@@ -337,6 +375,9 @@ COMPOSITES.update(
         "moe_topk_backward": _explicit(moe_topk_backward),
         "moe_unpermute_backward": _derived("moe_unpermute", [1, 2, 3], 0, [0, 2]),
         "adamw_": _adamw,
+        "foreach_sum_squares": _foreach_sum_squares,
+        "foreach_mul_": _foreach_mul,
+        "foreach_adamw_": _foreach_adamw,
     }
 )
 

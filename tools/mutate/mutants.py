@@ -223,6 +223,14 @@ MUTANTS = [
         "tokenizer pieces read one byte early",
         DATA,
     ),
+    Mutant(
+        "P25",
+        "python/infinitrain/optim/optimizers.py",
+        'dispatch.call("foreach_adamw_", params + grads + m + v, attrs)',
+        'dispatch.call("foreach_adamw_", params + grads + v + m, attrs)',
+        "AdamW hands foreach_adamw_ the second moments in place of the first",
+        NN,
+    ),
     # ---- kernels ----
     Mutant(
         "K1",
@@ -408,5 +416,13 @@ MUTANTS = [
         'RunKernelOf("permute", ctx, {x}, out, {std::vector<int64_t>{0, 1, 2, 3}});',
         "sdpa_bthd's layout swap copies in place of swapping the head and sequence dims",
         ops("attention"),
+    ),
+    Mutant(
+        "K24",
+        "infinitrain/kernels/cpu/common.h",
+        "std::min(n, b + chunk)",
+        "std::min(n - 1, b + chunk)",
+        "foreach ops (ForeachPieces) leave out every tensor's last element",
+        ("tests/test_ops_optim.py",),
     ),
 ]

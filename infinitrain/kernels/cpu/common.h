@@ -4,9 +4,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "infinitrain/dtype.h"
 #include "infinitrain/dtype_dispatch.h"
@@ -42,6 +44,24 @@ void ParallelFor(int64_t n, int64_t cost_per_item, F&& fn) {
         if (b < e) error.Run([&] { fn(b, e); });
     }
     error.Rethrow();
+}
+
+// Elements [begin, end) of tensor t of a multi-tensor (foreach) op.
+struct ForeachPiece {
+    int64_t t, begin, end;
+};
+
+// Tensors in[first], ..., in[first + count - 1] cut into pieces of `chunk` elements (each tensor's last one shorter,
+// an empty tensor none), in tensor order: a partition fixed by the shapes alone, so per-piece partial sums added in
+// order do not depend on the thread count.
+inline std::vector<ForeachPiece> ForeachPieces(const std::vector<Tensor>& in, size_t first, size_t count,
+                                               int64_t chunk) {
+    std::vector<ForeachPiece> pieces;
+    for (size_t k = 0; k < count; ++k) {
+        const int64_t n = in[first + k].numel();
+        for (int64_t b = 0; b < n; b += chunk) pieces.push_back({static_cast<int64_t>(k), b, std::min(n, b + chunk)});
+    }
+    return pieces;
 }
 
 }  // namespace infinitrain::cpu

@@ -1,6 +1,6 @@
 // Elementwise kernels: unary math (and the backward kernels of the nonlinear
 // ones), scalar affine/pow/clamp, broadcasting binary arithmetic and
-// comparisons, where, masked_fill, axpy_ and the fused SwiGLU pair.
+// comparisons, where, masked_fill, axpy_, foreach_mul_ and the fused SwiGLU pair.
 //
 // Layout: every tensor is contiguous row-major. Broadcasting follows NumPy:
 // shapes align at the last dim and a size-1 (or missing) dim repeats. An input
@@ -564,7 +564,7 @@ void MaskedFillKernel(KernelContext& c) {
     });
 }
 
-// ---- axpy_, swiglu ---------------------------------------------------------------
+// ---- axpy_, foreach_mul_, swiglu -------------------------------------------------------
 
 void AxpyKernel(KernelContext& c) {
     DispatchFloat(c.in[0].dtype(), "axpy_", [&](auto tag) {
@@ -575,6 +575,28 @@ void AxpyKernel(KernelContext& c) {
         V alpha = static_cast<V>(c.f(0));
         ParallelFor(c.in[0].numel(), 1, [&](int64_t b, int64_t e) {
             for (int64_t i = b; i < e; ++i) Store(py + i, Load(py + i) + alpha * Load(px + i));
+        });
+    });
+}
+
+// foreach_mul_: x *= scale over every x, in pieces across threads; scale is read as the compute type (float, double
+// for float64 xs), so the product rounds once to the storage type.
+void ForeachMulKernel(KernelContext& c) {
+    double scale = 0.0;
+    DispatchFloat(c.in[0].dtype(), "foreach_mul_", [&](auto tag) { scale = Load(c.in[0].data<decltype(tag)>()); });
+    constexpr int64_t kChunk = 1 << 14;
+    const std::vector<ForeachPiece> pieces = ForeachPieces(c.in, 1, c.in.size() - 1, kChunk);
+    DispatchFloat(c.in[1].dtype(), "foreach_mul_", [&](auto tag) {
+        using T = decltype(tag);
+        using V = Acc<T>;
+        const V s = static_cast<V>(scale);
+        std::vector<T*> xs;
+        for (size_t k = 1; k < c.in.size(); ++k) xs.push_back(c.in[k].data<T>());
+        ParallelFor(static_cast<int64_t>(pieces.size()), kChunk, [&](int64_t b, int64_t e) {
+            for (int64_t k = b; k < e; ++k) {
+                T* x = xs[pieces[k].t];
+                for (int64_t i = pieces[k].begin; i < pieces[k].end; ++i) Store(x + i, Load(x + i) * s);
+            }
         });
     });
 }
@@ -653,6 +675,7 @@ REGISTER_KERNEL(DeviceType::kCPU, "ge", CompareKernel<GeOp>);
 REGISTER_KERNEL(DeviceType::kCPU, "where", WhereKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "masked_fill", MaskedFillKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "axpy_", AxpyKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "foreach_mul_", ForeachMulKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "swiglu", SwigluKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "swiglu_backward", SwigluBackwardKernel);
 

@@ -1,5 +1,5 @@
 // Reductions: sum, mean, amax over a set of dims, argmax along one dim, and
-// sum_squares over everything.
+// sum_squares over everything (foreach_sum_squares: over several tensors).
 //
 // Layout: x is contiguous row-major. Size-1 dims are dropped and adjacent dims
 // that are both reduced or both kept are merged, leaving alternating groups
@@ -213,28 +213,19 @@ void ArgmaxKernel(KernelContext& c) {
 // sum of x^2 over all elements into a 0-d float32 (float64 for float64 x).
 // Fixed-size chunks give per-chunk double partials summed in order, so the
 // result does not depend on the thread count.
-void SumSquaresKernel(KernelContext& c) {
-    const Tensor& x = c.in[0];
-    Tensor& y = c.out[0];
-    const int64_t n = x.numel();
-    constexpr int64_t kChunk = 1 << 14;
-    const int64_t nchunks = (n + kChunk - 1) / kChunk;
-    std::vector<double> part(nchunks, 0.0);
-    DispatchFloat(x.dtype(), "sum_squares", [&](auto tag) {
-        using T = decltype(tag);
-        const T* xp = x.data<T>();
-        ParallelFor(nchunks, kChunk, [&](int64_t b, int64_t e) {
-            for (int64_t k = b; k < e; ++k) {
-                double s = 0.0;
-                int64_t i1 = std::min(n, (k + 1) * kChunk);
-                for (int64_t i = k * kChunk; i < i1; ++i) {
-                    double v = LoadD(xp + i);
-                    s += v * v;
-                }
-                part[k] = s;
-            }
-        });
-    });
+constexpr int64_t kSquaresChunk = 1 << 14;
+
+template <typename T>
+double SumSquaresRange(const T* x, int64_t b, int64_t e) {
+    double s = 0.0;
+    for (int64_t i = b; i < e; ++i) {
+        double v = LoadD(x + i);
+        s += v * v;
+    }
+    return s;
+}
+
+void StoreSumSquares(const std::vector<double>& part, Tensor& y) {
     double total = 0.0;
     for (double p : part) total += p;
     if (y.dtype() == DataType::kFloat64) {
@@ -244,6 +235,43 @@ void SumSquaresKernel(KernelContext& c) {
     }
 }
 
+void SumSquaresKernel(KernelContext& c) {
+    const Tensor& x = c.in[0];
+    const int64_t n = x.numel();
+    const int64_t nchunks = (n + kSquaresChunk - 1) / kSquaresChunk;
+    std::vector<double> part(nchunks, 0.0);
+    DispatchFloat(x.dtype(), "sum_squares", [&](auto tag) {
+        using T = decltype(tag);
+        const T* xp = x.data<T>();
+        ParallelFor(nchunks, kSquaresChunk, [&](int64_t b, int64_t e) {
+            for (int64_t k = b; k < e; ++k) {
+                part[k] = SumSquaresRange(xp, k * kSquaresChunk, std::min(n, (k + 1) * kSquaresChunk));
+            }
+        });
+    });
+    StoreSumSquares(part, c.out[0]);
+}
+
+// foreach_sum_squares: sum_squares's chunks of every input in turn (ForeachPieces), their partials summed in that
+// order, so one input gives sum_squares's result bit for bit.
+void ForeachSumSquaresKernel(KernelContext& c) {
+    const std::vector<ForeachPiece> pieces = ForeachPieces(c.in, 0, c.in.size(), kSquaresChunk);
+    const int64_t np = static_cast<int64_t>(pieces.size());
+    std::vector<double> part(np, 0.0);
+    DispatchFloat(c.in[0].dtype(), "foreach_sum_squares", [&](auto tag) {
+        using T = decltype(tag);
+        std::vector<const T*> xs;
+        for (const Tensor& x : c.in) xs.push_back(x.data<T>());
+        ParallelFor(np, kSquaresChunk, [&](int64_t b, int64_t e) {
+            for (int64_t k = b; k < e; ++k) {
+                const ForeachPiece& p = pieces[k];
+                part[k] = SumSquaresRange(xs[p.t], p.begin, p.end);
+            }
+        });
+    });
+    StoreSumSquares(part, c.out[0]);
+}
+
 }  // namespace
 
 REGISTER_KERNEL(DeviceType::kCPU, "sum", SumKernel);
@@ -251,5 +279,6 @@ REGISTER_KERNEL(DeviceType::kCPU, "mean", MeanKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "amax", AmaxKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "argmax", ArgmaxKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "sum_squares", SumSquaresKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "foreach_sum_squares", ForeachSumSquaresKernel);
 
 }  // namespace infinitrain::cpu

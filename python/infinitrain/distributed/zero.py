@@ -125,7 +125,8 @@ class ZeroRedundancyOptimizer:
         grads = [p.grad for p in owned if p.grad is not None]
         device = self._all[0].device
         total = zeros((), dtype="float32", device=device)
-        for s in _optim.optimizers.squared_norms(grads):
+        if grads:
+            s = _optim.optimizers.squared_norm(grads)
             total = total + (s if s.dtype == "float32" else s.to("float32"))
         all_reduce(total, "sum", self.process_group)
         norm = functional.sqrt(total)

@@ -263,9 +263,18 @@ class SGD(Optimizer):
         return {f"momentum.{i}": b for i, b in enumerate(self.buffers) if b is not None}
 
 
+def _by_device_dtype(tensors):
+    """Lists of the tensors of each (device, dtype), in order of first appearance."""
+    groups = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return list(groups.values())
+
+
 class AdamW(Optimizer):
-    """Adam with decoupled weight decay (Loshchilov & Hutter), PyTorch's AdamW formula, fused per tensor.
-    Moments are float32 (float64 for float64 parameters)."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter), PyTorch's AdamW formula: one fused multi-tensor
+    update (foreach_adamw_) per device and parameter dtype of a group. Moments are float32 (float64 for float64
+    parameters)."""
 
     decoupled = True
 
@@ -306,13 +315,18 @@ class AdamW(Optimizer):
             if g is group:
                 break
             start += len(g["params"])
+        sets = {}  # (device, dtype) -> ([params], [grads], [m], [v])
         for j, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
             grad = p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype)
             if wd and not self.decoupled:
                 grad = grad + p * wd  # Adam's L2 penalty enters the moments
-            dispatch.call("adamw_", [p, grad, self.m[start + j], self.v[start + j]], attrs)
+            lists = sets.setdefault((p.device, p.dtype), ([], [], [], []))
+            for lst, t in zip(lists, (p, grad, self.m[start + j], self.v[start + j]), strict=True):
+                lst.append(t)
+        for params, grads, m, v in sets.values():
+            dispatch.call("foreach_adamw_", params + grads + m + v, attrs)
 
     def _param_state(self, i):
         return {"exp_avg": self.m[i], "exp_avg_sq": self.v[i]}
@@ -351,15 +365,25 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return None
-    sq = squared_norms(grads)
-    total = sq[0]
-    for s in sq[1:]:
-        total = total + s
-    norm = F.sqrt(total)
+    norm = F.sqrt(squared_norm(grads))
     if error_if_nonfinite and not np.isfinite(norm.item()):
         raise RuntimeError(f"clip_grad_norm_: the total gradient norm is {norm.item()}")
     scale_to_norm(grads, norm, max_norm)
     return norm
+
+
+def squared_norm(grads):
+    """The sum of squares over every element of every gradient (a non-empty list): one foreach_sum_squares per
+    device and dtype, each accumulated in float64; 0-d float32 (float64 when a group is float64), on the first
+    gradient's device."""
+    total = None
+    for group in _by_device_dtype(grads):
+        s = Tensor(dispatch.call("foreach_sum_squares", group)[0])
+        if total is None:
+            total = s
+        else:
+            total = total + (s if s.device == total.device else s.to(total.device))
+    return total
 
 
 def squared_norms(grads):
@@ -368,12 +392,17 @@ def squared_norms(grads):
 
 
 def scale_to_norm(grads, norm, max_norm):
-    """Scales grads in place by min(max_norm / (norm + 1e-6), 1), computed on the device (norm: 0-d)."""
+    """Scales grads in place by min(max_norm / (norm + 1e-6), 1), computed on the device (norm: 0-d): one
+    foreach_mul_ per device and dtype, each distinct gradient scaled once."""
     if max_norm is None:
         return
     _hyper("max_norm", max_norm, 0.0, math.inf)  # inf: no clipping; NaN is an error, not "no clipping"
     if math.isfinite(max_norm):
         coef = F.clamp(F.pow(F.affine(norm, 1.0, 1e-6), -1.0) * float(max_norm), None, 1.0)
+        distinct = {}  # a gradient listed twice must not be scaled twice
         for g in grads:
-            scaled = g * (coef if coef.dtype == g.dtype else coef.to(g.dtype))
-            g._t = scaled._t
+            if g.numel() > 0:
+                distinct.setdefault((g.device, g._t.data_ptr), g)
+        for group in _by_device_dtype(distinct.values()):
+            c = coef if coef.device == group[0].device else coef.to(group[0].device)
+            dispatch.call("foreach_mul_", [c, *group])

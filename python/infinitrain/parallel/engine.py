@@ -158,21 +158,23 @@ class Engine:
         # embedding at the first stage).
         tp, r = L.tp, (grid.tp_rank if grid is not None else 0)
         total = zeros((), dtype="float32", device=self.device)
+        parts = []
         for name, p in self.params:
             spec = self.specs[name]
             if spec.tied and not (grid is None or grid.first):
                 continue
             ranges = spec.local_ranges(tp, r)
             if all(counted for _, _, counted in ranges):
-                parts = [p.grad]
+                parts.append(p.grad)
             else:
-                parts, at = [], 0
+                at = 0
                 for a, b, counted in ranges:
                     if counted:
                         parts.append(F.slice(p.grad, spec.dim, at, at + b - a))
                     at += b - a
-            for s in _optim.squared_norms(parts):
-                total = total + (s if s.dtype == "float32" else s.to("float32"))
+        if parts:
+            s = _optim.squared_norm(parts)
+            total = total + (s if s.dtype == "float32" else s.to("float32"))
         if grid is not None and grid.mp is not None and grid.mp.size > 1:
             all_reduce(total, "sum", grid.mp)
         norm = F.sqrt(total)

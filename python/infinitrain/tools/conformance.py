@@ -113,7 +113,7 @@ def check(got, expected, case_dtype, names, device, rel16=None):
 
 
 def _output_name(names, i):
-    """The table's name of output i; variadic outputs ("outs...") are numbered."""
+    """The table's name of output (or input) i; variadic ones ("outs...") are numbered."""
     last = len(names) - 1
     if names and names[-1].endswith("...") and i >= last:
         return f"{names[-1][:-3]}[{i - last}]"
@@ -133,10 +133,11 @@ def run_case(info, spec, dtype, device, runner, gen):
         warnings.simplefilter("ignore")  # the fallback's once-per-op warning: the report says so already
         outs = runner(tensors, list(attrs))
     expected = spec.ref(host, attrs, dtype)
-    if info["inplace"]:
+    written = dispatch.op(info["name"]).written(len(tensors))  # a written variadic input: each of its tensors
+    if written:
         inputs_named = _names(info["inputs"])
-        written = [tensors[i] for i in info["inplace"]]
-        return check(written, expected, dtype, [inputs_named[i] for i in info["inplace"]], device, spec.rel16)
+        names = [_output_name(inputs_named, i) for i in written]
+        return check([tensors[i] for i in written], expected, dtype, names, device, spec.rel16)
     return check(list(outs), expected, dtype, _names(info["outputs"]), device, spec.rel16)
 
 

@@ -3,7 +3,8 @@
 ``make(gen, dtype)`` returns ``(inputs, attrs)``: inputs are ``(array, dtype)`` pairs in the op's input
 order, float arrays as float64 at any precision (the report rounds each to its dtype, and both the kernel
 and the reference see the rounded values). ``ref(xs, attrs, dtype)`` gets those rounded arrays and returns
-one expected value per output, or, for in-place ops, per written input in the table's ``inplace`` order.
+one expected value per output, or, for in-place ops, per written input in input order (every tensor of a
+written variadic input).
 A float ndarray is expected in the case dtype; bool and integer arrays must match exactly; an
 ``(array, dtype)`` pair names another dtype (float32 statistics, cast targets).
 """
@@ -532,6 +533,36 @@ def _adamw_ref(xs, at, d):
     return [p, (m, stat(d)), (v, stat(d))]
 
 
+# ---- multi-tensor (foreach) ops: mixed sizes, an empty tensor, one longer than a GPU block's chunk ----
+
+_FOREACH_SHAPES = [SHAPE, (5,), (0,), (1,), (3, 7), (20000,)]
+
+
+def _foreach_sum_squares_make(gen, d):
+    return [(_randn(gen, s), d) for s in _FOREACH_SHAPES], []
+
+
+def _foreach_mul_make(gen, d):
+    return [(np.array(gen.uniform(0.25, 2.0)), d)] + [(_randn(gen, s), d) for s in _FOREACH_SHAPES], []
+
+
+def _foreach_adamw_make(gen, d):
+    params, grads, ms, vs = [], [], [], []
+    for s in _FOREACH_SHAPES:
+        params.append((_randn(gen, s), d))
+        grads.append((_randn(gen, s, 0.5), d))
+        ms.append((_randn(gen, s, 0.1), stat(d)))
+        vs.append((gen.uniform(0.01, 0.1, s), stat(d)))
+    return params + grads + ms + vs, list(_ADAMW)
+
+
+def _foreach_adamw_ref(xs, at, d):
+    """Every written tensor in input order: the params, the grads (unchanged), then m and v."""
+    n = len(xs) // 4
+    sets = [_adamw_ref([xs[k], xs[n + k], xs[2 * n + k], xs[3 * n + k]], at, d) for k in range(n)]
+    return [s[0] for s in sets] + list(xs[n : 2 * n]) + [s[1] for s in sets] + [s[2] for s in sets]
+
+
 # ---- copy, cast, index, shape ----
 
 # cast: each source dtype to a target that makes it convert (rounding, widening, truncating).
@@ -684,6 +715,7 @@ SPECS = {
     "axpy_": Spec(
         lambda gen, d: ([(_randn(gen), d), (_randn(gen), d)], [0.75]), lambda xs, at, d: [xs[0] + at[0] * xs[1]]
     ),
+    "foreach_mul_": Spec(_foreach_mul_make, lambda xs, at, d: [x * xs[0] for x in xs[1:]]),
     # reductions
     "sum": _reduce(np.sum, [0, 2], 0),
     "mean": _reduce(np.mean, [-1], 1),
@@ -692,6 +724,9 @@ SPECS = {
         lambda gen, d: ([(_randn(gen), d)], [1, 0]), lambda xs, at, d: [np.argmax(xs[0], axis=at[0]).astype(np.int64)]
     ),
     "sum_squares": Spec(lambda gen, d: ([(_randn(gen), d)], []), lambda xs, at, d: [(np.sum(xs[0] ** 2), stat(d))]),
+    "foreach_sum_squares": Spec(
+        _foreach_sum_squares_make, lambda xs, at, d: [(sum(np.sum(x**2) for x in xs), stat(d))]
+    ),
     # products
     "matmul": Spec(  # batch [2] broadcast against a shared b, stored transposed
         lambda gen, d: ([(_randn(gen, (2, 5, 17)), d), (_randn(gen, (9, 17)), d)], [0, 1]),
@@ -761,6 +796,7 @@ SPECS = {
     "cross_entropy": Spec(_ce_make, _ce_ref),
     "cross_entropy_backward": Spec(_ce_backward_make, _ce_backward_ref),
     "adamw_": Spec(_adamw_make, _adamw_ref),
+    "foreach_adamw_": Spec(_foreach_adamw_make, _foreach_adamw_ref),
     # mixture of experts
     "moe_topk": Spec(_moe_topk_make, _moe_topk_ref),
     "moe_topk_backward": Spec(_moe_topk_backward_make, _moe_topk_backward_ref),
