@@ -125,6 +125,7 @@ def test_module_registry_and_state_dict_round_trip():
 
 
 def adamw_reference(p, grads, lr, b1, b2, eps, wd):
+    """(p, m, v) after the steps."""
     m = np.zeros_like(p)
     v = np.zeros_like(p)
     for step, g in enumerate(grads, 1):
@@ -132,20 +133,29 @@ def adamw_reference(p, grads, lr, b1, b2, eps, wd):
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         p = p - lr * (m / (1 - b1**step)) / (np.sqrt(v / (1 - b2**step)) + eps)
-    return p
+    return p, m, v
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_adamw_matches_numpy(dtype):
-    p0 = rng().standard_normal((5, 7))
-    grads = [rng().standard_normal((5, 7)) for _ in range(5)]
-    p = nn.Parameter(t(p0, dtype))
-    opt = AdamW([p], lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
-    for g in grads:
-        p.grad = t(g, dtype)
+    """Two parameters of one group (one foreach_adamw_ a step): the parameters and PyTorch's state entries
+    (exp_avg, exp_avg_sq) follow NumPy's AdamW."""
+    shapes = [(5, 7), (3,)]
+    p0 = [rng().standard_normal(s) for s in shapes]
+    grads = [[rng().standard_normal(s) for s in shapes] for _ in range(5)]
+    ps = [nn.Parameter(t(a, dtype)) for a in p0]
+    opt = AdamW(ps, lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+    for gs in grads:
+        for p, g in zip(ps, gs, strict=True):
+            p.grad = t(g, dtype)
         opt.step()
-    # Five float32 steps round p, m and v each time, yet stay within float32's tolerance (measured worst: 0.03 of it).
-    assert_close(p, adamw_reference(p0, grads, 0.01, 0.8, 0.95, 1e-6, 0.1), dtype)
+    state = opt.state_dict()["state"]
+    for i, p in enumerate(ps):
+        ref_p, ref_m, ref_v = adamw_reference(p0[i], [gs[i] for gs in grads], 0.01, 0.8, 0.95, 1e-6, 0.1)
+        # Five float32 steps round p, m and v each time, yet stay within float32's tolerance (measured: 0.03 of it).
+        assert_close(p, ref_p, dtype)
+        assert_close(state[i]["exp_avg"], ref_m, dtype, what="exp_avg")
+        assert_close(state[i]["exp_avg_sq"], ref_v, dtype, what="exp_avg_sq")
 
 
 def test_sgd_momentum_matches_numpy():
