@@ -72,11 +72,11 @@ void Permute(KernelContext& ctx) {
             p.size[d] = static_cast<I>(size[d]);
             p.stride[d] = static_cast<I>(stride[d]);
         }
-        PermuteKernel<U, I><<<Blocks(units), kThreads, 0, s>>>(p, static_cast<const U*>(x.data()),
-                                                               static_cast<U*>(y.data()), static_cast<I>(units));
+        PermuteKernel<U, I><<<Blocks((units + kPermuteUnroll - 1) / kPermuteUnroll), kThreads, 0, s>>>(
+            p, static_cast<const U*>(x.data()), static_cast<U*>(y.data()), static_cast<I>(units));
     };
     auto with_index = [&](auto utag) {
-        if (units < (int64_t{1} << 31)) {
+        if (units < (int64_t{1} << 31) - (int64_t{1} << 27)) {  // headroom for the last grid stride
             launch(utag, Tag<int32_t>{});
         } else {
             launch(utag, Tag<int64_t>{});
