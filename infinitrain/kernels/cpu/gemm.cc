@@ -3,13 +3,16 @@
 //     ([..., K, M] when trans_a), b is stored [..., K, N] ([..., N, K] when trans_b); the batch dims (all but the
 //     last two) broadcast: a size-1 or missing batch dim reuses the same matrix (batch stride 0).
 //   linear(x, weight, bias?): out[R, O] = x[R, I] @ weight[O, I]^T + bias[O], R = the product of x's leading dims.
-// float32 and float64 call sgemm/dgemm on the tensors directly; bfloat16 operands are widened to float32 scratch,
-// multiplied with sgemm (float accumulation) and rounded back to bfloat16.
+// float32 and float64 call sgemm/dgemm on the tensors directly. bfloat16 operands go to the bf16 kernels
+// (bf16_gemm.h: float32 products and sums) where the CPU has bf16 units or INFINITRAIN_CPU_BF16_GEMM says so, else
+// they are widened to float32 scratch for sgemm, as float16 always is; either way the float32 result is rounded
+// back once.
 
 #include <climits>
 #include <type_traits>
 #include <vector>
 
+#include "infinitrain/kernels/cpu/bf16_gemm.h"
 #include "infinitrain/kernels/cpu/blas.h"
 #include "infinitrain/kernels/cpu/common.h"
 
@@ -84,16 +87,12 @@ void BatchOffsets(const Shape& out_batch, const Shape& a_batch, const Shape& b_b
     }
 }
 
-template <typename C>
-void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, const C* b, C* c,
-                 const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
-    int64_t count = static_cast<int64_t>(ao.size());
-    int64_t per = m * n * k, nt = omp_get_max_threads();
-    // Many small products: one thread per product. Few or big ones: Gemm splits each product's rows.
+// Runs one(i) for the count products of per = M * N * K each. Many small products: one thread per product. Few or
+// big ones: serially, each product splitting its rows over the threads itself.
+template <typename F>
+void ForEachProduct(int64_t count, int64_t per, F&& one) {
+    int64_t nt = omp_get_max_threads();
     bool batch_parallel = nt > 1 && count >= nt && count * per >= (1 << 16) && (per <= (1 << 21) || count >= 4 * nt);
-    auto one = [&](int64_t i) {
-        Gemm<C>(ta, tb, m, n, k, C(1), a + ao[i] * m * k, b + bo[i] * k * n, C(0), c + i * m * n);
-    };
     if (!batch_parallel) {
         for (int64_t i = 0; i < count; ++i) one(i);
         return;
@@ -103,6 +102,24 @@ void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, 
     for (int64_t i = 0; i < count; ++i) error.Run([&] { one(i); });
     error.Rethrow();
 }
+
+template <typename C>
+void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, const C* b, C* c,
+                 const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
+    ForEachProduct(static_cast<int64_t>(ao.size()), m * n * k, [&](int64_t i) {
+        Gemm<C>(ta, tb, m, n, k, C(1), a + ao[i] * m * k, b + bo[i] * k * n, C(0), c + i * m * n);
+    });
+}
+
+void BatchedSbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b, float* c,
+                   const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
+    ForEachProduct(static_cast<int64_t>(ao.size()), m * n * k, [&](int64_t i) {
+        SbGemm(ta, tb, m, n, k, 1.0f, a + ao[i] * m * k, b + bo[i] * k * n, 0.0f, c + i * m * n);
+    });
+}
+
+// A bfloat16 tensor's bit patterns, as the bf16 kernels take them.
+const uint16_t* Bits(const Tensor& t) { return &t.data<bf16>()->bits; }
 
 void MatmulKernel(KernelContext& ctx) {
     const Tensor &a = ctx.in[0], &b = ctx.in[1];
@@ -124,6 +141,12 @@ void MatmulKernel(KernelContext& ctx) {
         m *= Numel(out_batch);
     } else {
         BatchOffsets(out_batch, a_batch, b_batch, ao, bo);
+    }
+    if (a.dtype() == DataType::kBFloat16 && b.dtype() == DataType::kBFloat16 && UseSbGemm()) {
+        std::vector<float> cbuf(out.numel());
+        BatchedSbGemm(ta, tb, m, n, k, Bits(a), Bits(b), cbuf.data(), ao, bo);
+        Narrow<bf16>(cbuf.data(), out);
+        return;
     }
     DispatchFloat(a.dtype(), "matmul", [&](auto tag) {
         using T = decltype(tag);
@@ -149,12 +172,11 @@ void LinearKernel(KernelContext& ctx) {
     int64_t rows = Numel(Shape(x.shape().begin(), x.shape().end() - 1));
     CheckBlasSize("linear", {rows, in_f, out_f});
     if (out.numel() == 0) return;
+    const bool sb = x.dtype() == DataType::kBFloat16 && UseSbGemm();
     DispatchFloat(x.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
         using C = Acc<T>;
         std::vector<C> xbuf, wbuf, cbuf;
-        const C* xp = Widen<T>(x, xbuf);
-        const C* wp = Widen<T>(w, wbuf);
         C* cp;
         if constexpr (std::is_same_v<T, C>) {
             cp = out.data<T>();
@@ -171,7 +193,18 @@ void LinearKernel(KernelContext& ctx) {
                 }
             });
         }
-        Gemm<C>(false, true, rows, out_f, in_f, C(1), xp, wp, bias ? C(1) : C(0), cp);
+        bool done = false;
+        if constexpr (std::is_same_v<T, bf16>) {
+            if (sb) {
+                SbGemm(false, true, rows, out_f, in_f, 1.0f, Bits(x), Bits(w), bias ? 1.0f : 0.0f, cp);
+                done = true;
+            }
+        }
+        if (!done) {
+            const C* xp = Widen<T>(x, xbuf);
+            const C* wp = Widen<T>(w, wbuf);
+            Gemm<C>(false, true, rows, out_f, in_f, C(1), xp, wp, bias ? C(1) : C(0), cp);
+        }
         if constexpr (!std::is_same_v<T, C>) Narrow<T>(cp, out);
     });
 }

@@ -1,0 +1,419 @@
+// bfloat16 GEMM kernels (bf16_gemm.h). Both operands are packed first, zero-padded: A in blocks of 32 rows by
+// Kp = K rounded up to 32 (row-major), B in panels of 16 columns with each pair of k values side by side
+// ([Kp / 2][16][2], the layout AMX's B tile and vdpbf16ps's operand read). A block times two panels gives a 32 x 32
+// block of C summed over all of K in registers or tiles, then C = alpha * sum + beta * C. Zero padding adds exact
+// zeros, so the tails need no special cases.
+
+#include "infinitrain/kernels/cpu/bf16_gemm.h"
+
+#include <omp.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+namespace infinitrain::cpu {
+namespace {
+
+enum class Kernel { kGeneric, kAvx512, kAmx };
+
+constexpr int64_t kMr = 32;  // rows of A per block
+constexpr int64_t kNr = 16;  // columns of B per panel
+constexpr int64_t kKr = 32;  // K is padded to a multiple of this (one AMX tile's depth)
+
+int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+#if defined(__x86_64__)
+uint64_t Xgetbv0() {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t{hi} << 32) | lo;
+}
+
+// AMX needs the CPU's AMX-TILE and AMX-BF16 (CPUID.(7,0):EDX bits 24 and 22), the OS saving the tile state (XCR0
+// bits 17 and 18) and, on Linux, the process's permission to use it (arch_prctl, kernel 5.16+); without the last,
+// the first tile instruction faults.
+bool AmxUsable() {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid(1, a, b, c, d);
+    if (!(c & (1u << 27))) return false;  // OSXSAVE: xgetbv is allowed
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;
+    if ((Xgetbv0() & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
+
+Kernel Detect() {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (AmxUsable()) return Kernel::kAmx;
+    // GCC's check covers CPUID.(7,1):EAX bit 5 and the OS saving the AVX-512 state.
+    if (__builtin_cpu_supports("avx512bf16")) return Kernel::kAvx512;
+#endif
+    return Kernel::kGeneric;
+}
+
+Kernel DetectedKernel() {
+    static const Kernel k = Detect();
+    return k;
+}
+
+const char* KernelName(Kernel k) { return k == Kernel::kAmx ? "amx" : k == Kernel::kAvx512 ? "avx512bf16" : "generic"; }
+
+struct Choice {
+    bool use;       // bfloat16 GEMMs take these kernels
+    Kernel kernel;  // and run this one
+};
+
+// INFINITRAIN_CPU_BF16_GEMM, read once. Besides auto, sbgemm and widen, amx, avx512bf16 and generic force one kernel
+// (for tests and benchmarks); one the CPU cannot run is refused.
+Choice ReadChoice() {
+    const char* e = std::getenv("INFINITRAIN_CPU_BF16_GEMM");
+    std::string v = e ? e : "";
+    Kernel best = DetectedKernel();
+    if (v.empty() || v == "auto") return {best != Kernel::kGeneric, best};
+    if (v == "sbgemm") return {true, best};
+    if (v == "widen") return {false, best};
+    for (Kernel k : {Kernel::kAmx, Kernel::kAvx512, Kernel::kGeneric}) {
+        if (v != KernelName(k)) continue;
+        if (static_cast<int>(k) > static_cast<int>(best)) {
+            throw std::invalid_argument("INFINITRAIN_CPU_BF16_GEMM='" + v + "': this CPU's best bf16 kernel is '" +
+                                        KernelName(best) + "'");
+        }
+        return {true, k};
+    }
+    throw std::invalid_argument("INFINITRAIN_CPU_BF16_GEMM='" + v +
+                                "': expected 'auto' (the default), 'sbgemm', 'widen', or a kernel: 'amx', "
+                                "'avx512bf16', 'generic'");
+}
+
+const Choice& GetChoice() {
+    static const Choice c = ReadChoice();  // a throw leaves it unset, so every later call throws again
+    return c;
+}
+
+// ---- packing -------------------------------------------------------------------------------------------------
+
+// op(A)'s rows [r0, r0 + 32) into dst [32][kp], zero past m and k.
+void PackA(bool ta, int64_t m, int64_t k, const uint16_t* a, int64_t lda, int64_t r0, int64_t kp, uint16_t* dst) {
+    int64_t rows = m - r0 < kMr ? m - r0 : kMr;
+    if (!ta) {
+        for (int64_t i = 0; i < rows; ++i) {
+            std::memcpy(dst + i * kp, a + (r0 + i) * lda, k * sizeof(uint16_t));
+            std::memset(dst + i * kp + k, 0, (kp - k) * sizeof(uint16_t));
+        }
+    } else {
+        for (int64_t i = 0; i < rows; ++i) std::memset(dst + i * kp + k, 0, (kp - k) * sizeof(uint16_t));
+        for (int64_t kk = 0; kk < k; ++kk) {
+            const uint16_t* src = a + kk * lda + r0;
+            for (int64_t i = 0; i < rows; ++i) dst[i * kp + kk] = src[i];
+        }
+    }
+    std::memset(dst + rows * kp, 0, (kMr - rows) * kp * sizeof(uint16_t));
+}
+
+// op(B)'s columns [c0, c0 + 16) into dst [kp / 2][16][2], zero past n and k.
+void PackB(bool tb, int64_t n, int64_t k, const uint16_t* b, int64_t ldb, int64_t c0, int64_t kp, uint16_t* dst) {
+    int64_t cols = n - c0 < kNr ? n - c0 : kNr;
+    // Zeros where no value lands: every column past n, else the k pairs past k / 2.
+    int64_t from = cols < kNr ? 0 : (k / 2) * 2 * kNr;
+    std::memset(dst + from, 0, (kp * kNr - from) * sizeof(uint16_t));
+    if (tb) {
+        // op(B)[kk][c] = b[c * ldb + kk]: each column of op(B) is a row of b, whose k pairs are 32-bit words.
+        for (int64_t c = 0; c < cols; ++c) {
+            const uint16_t* src = b + (c0 + c) * ldb;
+            for (int64_t r = 0; r < k / 2; ++r) {
+                uint32_t w;
+                std::memcpy(&w, src + 2 * r, sizeof w);
+                std::memcpy(dst + (r * kNr + c) * 2, &w, sizeof w);
+            }
+            if (k & 1) dst[(k / 2) * 2 * kNr + c * 2] = src[k - 1];
+        }
+    } else {
+        for (int64_t kk = 0; kk < k; ++kk) {
+            const uint16_t* src = b + kk * ldb + c0;
+            uint16_t* row = dst + (kk >> 1) * 2 * kNr + (kk & 1);
+            for (int64_t c = 0; c < cols; ++c) row[c * 2] = src[c];
+        }
+    }
+}
+
+// ---- micro-kernels: out[32][np * 16] (row stride ldo) = (accumulate ? out : 0) + A block (32 x kp) @ np panels ------
+
+inline float Bf16(uint16_t h) {
+    uint32_t u = uint32_t{h} << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+void MicroGeneric(const uint16_t* ap, const uint16_t* bp, int np, int64_t kp, float* out, int64_t ldo,
+                  bool accumulate) {
+    for (int p = 0; p < np; ++p) {
+        const uint16_t* panel = bp + p * kp * kNr;
+        for (int64_t i = 0; i < kMr; ++i) {
+            float row[kNr] = {};
+            const uint16_t* ar = ap + i * kp;
+            for (int64_t r = 0; r < kp / 2; ++r) {
+                float a0 = Bf16(ar[2 * r]), a1 = Bf16(ar[2 * r + 1]);
+                const uint16_t* br = panel + r * 2 * kNr;
+                for (int64_t c = 0; c < kNr; ++c) {
+                    row[c] += a0 * Bf16(br[2 * c]);
+                    row[c] += a1 * Bf16(br[2 * c + 1]);
+                }
+            }
+            float* o = out + i * ldo + p * kNr;
+            for (int64_t c = 0; c < kNr; ++c) o[c] = accumulate ? o[c] + row[c] : row[c];
+        }
+    }
+}
+
+#if defined(__x86_64__)
+// 8 rows at a time: 16 accumulators, one broadcast pair of A per row and k pair against two panel rows.
+__attribute__((target("avx512f,avx512bf16"))) void MicroAvx512(const uint16_t* ap, const uint16_t* bp, int np,
+                                                               int64_t kp, float* out, int64_t ldo, bool accumulate) {
+    const uint16_t *b0 = bp, *b1 = bp + kp * kNr;
+    for (int64_t i0 = 0; i0 < kMr; i0 += 8) {
+        __m512 c0[8], c1[8];
+        for (int i = 0; i < 8; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+        for (int64_t r = 0; r < kp / 2; ++r) {
+            __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + r * 2 * kNr);
+            __m512bh x1 = np > 1 ? (__m512bh)_mm512_loadu_si512(b1 + r * 2 * kNr) : x0;
+            for (int i = 0; i < 8; ++i) {
+                int32_t pair;
+                std::memcpy(&pair, ap + (i0 + i) * kp + 2 * r, sizeof pair);
+                __m512bh y = (__m512bh)_mm512_set1_epi32(pair);
+                c0[i] = _mm512_dpbf16_ps(c0[i], y, x0);
+                c1[i] = _mm512_dpbf16_ps(c1[i], y, x1);
+            }
+        }
+        for (int i = 0; i < 8; ++i) {
+            float* o = out + (i0 + i) * ldo;
+            if (accumulate) c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(o));
+            _mm512_storeu_ps(o, c0[i]);
+            if (np > 1) {
+                if (accumulate) c1[i] = _mm512_add_ps(c1[i], _mm512_loadu_ps(o + 16));
+                _mm512_storeu_ps(o + 16, c1[i]);
+            }
+        }
+    }
+}
+
+// The tile layout for every AMX call: tiles 0-3 C (16 x 16 float), 4-5 A (16 rows x 32 bf16), 6-7 B (16 k pairs x 16
+// columns x 2). It is per thread: loaded by each thread before its first product, released after its last.
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile"))) void AmxBegin() {
+    TileConfig cfg;
+    for (int t = 0; t < 8; ++t) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    // GCC does not see ldtilecfg read the whole struct and drops the stores above without this barrier.
+    __asm__ volatile("" : : "r"(&cfg) : "memory");
+    _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile"))) void AmxEnd() { _tile_release(); }
+
+// The accumulator tiles start from out itself when accumulating (a tile load), so C is read and written once.
+__attribute__((target("amx-tile,amx-bf16"))) void MicroAmx(const uint16_t* ap, const uint16_t* bp, int np, int64_t kp,
+                                                           float* out, int64_t ldo, bool accumulate) {
+    const uint16_t *a1 = ap + 16 * kp, *b1 = bp + kp * kNr;
+    const int64_t stride = kp * sizeof(uint16_t), cs = ldo * sizeof(float);
+    float *o1 = out + 16, *o2 = out + 16 * ldo, *o3 = o2 + 16;
+    if (accumulate) {
+        _tile_loadd(0, out, cs);
+        _tile_loadd(2, o2, cs);
+    } else {
+        _tile_zero(0);
+        _tile_zero(2);
+    }
+    if (np > 1) {
+        if (accumulate) {
+            _tile_loadd(1, o1, cs);
+            _tile_loadd(3, o3, cs);
+        } else {
+            _tile_zero(1);
+            _tile_zero(3);
+        }
+        for (int64_t kk = 0; kk < kp; kk += kKr) {
+            _tile_loadd(4, ap + kk, stride);
+            _tile_loadd(5, a1 + kk, stride);
+            _tile_loadd(6, bp + kk * kNr, 64);
+            _tile_loadd(7, b1 + kk * kNr, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(1, o1, cs);
+        _tile_stored(3, o3, cs);
+    } else {
+        for (int64_t kk = 0; kk < kp; kk += kKr) {
+            _tile_loadd(4, ap + kk, stride);
+            _tile_loadd(5, a1 + kk, stride);
+            _tile_loadd(6, bp + kk * kNr, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+        }
+    }
+    _tile_stored(0, out, cs);
+    _tile_stored(2, o2, cs);
+}
+#endif
+
+void Micro(Kernel kern, const uint16_t* ap, const uint16_t* bp, int np, int64_t kp, float* out, int64_t ldo,
+           bool accumulate) {
+#if defined(__x86_64__)
+    if (kern == Kernel::kAmx) return MicroAmx(ap, bp, np, kp, out, ldo, accumulate);
+    if (kern == Kernel::kAvx512) return MicroAvx512(ap, bp, np, kp, out, ldo, accumulate);
+#endif
+    MicroGeneric(ap, bp, np, kp, out, ldo, accumulate);
+}
+
+// ---- driver --------------------------------------------------------------------------------------------------
+
+// 64-byte aligned scratch (AMX tile rows and vector loads stay within cache lines).
+struct Buffer {
+    uint16_t* p = nullptr;
+    explicit Buffer(int64_t elems) {
+        size_t bytes = static_cast<size_t>(RoundUp(elems * int64_t{sizeof(uint16_t)}, 64));
+        p = static_cast<uint16_t*>(std::aligned_alloc(64, bytes ? bytes : 64));
+        if (!p) throw std::bad_alloc();
+    }
+    ~Buffer() { std::free(p); }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+};
+
+struct Problem {
+    bool ta, tb;
+    int64_t m, n, k, lda, ldb, ldc, kp, blocks, panels;
+    float alpha, beta;
+    const uint16_t *a, *b;
+    float* c;
+    uint16_t *pa, *pb;  // packed A (blocks x 32 x kp) and B (panels x kp x 16)
+};
+
+// Panels of B per pass over A: a chunk of about 512 KiB stays in L2 while every A block of the rows passes by.
+int64_t PanelsPerChunk(int64_t kp) {
+    int64_t p = (int64_t{512} << 10) / (kp * kNr * int64_t{sizeof(uint16_t)});
+    return p < 2 ? 2 : p & ~int64_t{1};
+}
+
+// C's rows of A blocks [b0, b1) against all of packed B.
+void ComputeRows(const Problem& pr, Kernel kern, int64_t b0, int64_t b1) {
+    alignas(64) float acc[kMr * 32];
+    int64_t chunk = PanelsPerChunk(pr.kp);
+    const bool direct = pr.alpha == 1.0f && (pr.beta == 0.0f || pr.beta == 1.0f);
+#if defined(__x86_64__)
+    if (kern == Kernel::kAmx) AmxBegin();
+#endif
+    for (int64_t p0 = 0; p0 < pr.panels; p0 += chunk) {
+        int64_t p1 = p0 + chunk < pr.panels ? p0 + chunk : pr.panels;
+        for (int64_t blk = b0; blk < b1; ++blk) {
+            const uint16_t* ap = pr.pa + blk * kMr * pr.kp;
+            int64_t r0 = blk * kMr, rows = pr.m - r0 < kMr ? pr.m - r0 : kMr;
+            for (int64_t p = p0; p < p1; p += 2) {
+                int np = p + 1 < p1 ? 2 : 1;
+                int64_t c0 = p * kNr, cols = pr.n - c0 < np * kNr ? pr.n - c0 : np * kNr;
+                const uint16_t* bp = pr.pb + p * pr.kp * kNr;
+                float* cb = pr.c + r0 * pr.ldc + c0;
+                // A whole block with alpha 1 and beta 0 or 1 goes straight into C; the rest through acc.
+                if (direct && rows == kMr && cols == np * kNr) {
+                    Micro(kern, ap, bp, np, pr.kp, cb, pr.ldc, pr.beta != 0.0f);
+                    continue;
+                }
+                Micro(kern, ap, bp, np, pr.kp, acc, 32, false);
+                for (int64_t i = 0; i < rows; ++i) {
+                    float* cr = cb + i * pr.ldc;
+                    const float* sr = acc + i * 32;
+                    if (pr.beta == 0.0f) {
+                        for (int64_t j = 0; j < cols; ++j) cr[j] = pr.alpha * sr[j];
+                    } else {
+                        for (int64_t j = 0; j < cols; ++j) cr[j] = pr.alpha * sr[j] + pr.beta * cr[j];
+                    }
+                }
+            }
+        }
+    }
+#if defined(__x86_64__)
+    if (kern == Kernel::kAmx) AmxEnd();
+#endif
+}
+
+// Packs and multiplies on `threads` threads (1: no parallel region). Scratch is allocated here, before any region.
+void Run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+         const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+        for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        }
+        return;
+    }
+    Kernel kern = GetChoice().kernel;
+    Problem pr{ta,    tb,   m, n, k, lda,     ldb,    ldc, RoundUp(k, kKr), (m + kMr - 1) / kMr, (n + kNr - 1) / kNr,
+               alpha, beta, a, b, c, nullptr, nullptr};
+    Buffer pa(pr.blocks * kMr * pr.kp), pb(pr.panels * kNr * pr.kp);
+    pr.pa = pa.p;
+    pr.pb = pb.p;
+    if (threads == 1) {
+        for (int64_t p = 0; p < pr.panels; ++p) PackB(tb, n, k, b, ldb, p * kNr, pr.kp, pr.pb + p * kNr * pr.kp);
+        for (int64_t blk = 0; blk < pr.blocks; ++blk)
+            PackA(ta, m, k, a, lda, blk * kMr, pr.kp, pr.pa + blk * kMr * pr.kp);
+        ComputeRows(pr, kern, 0, pr.blocks);
+        return;
+    }
+    // Nothing in the region throws: it only reads and writes the buffers above.
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < pr.panels; ++p) PackB(tb, n, k, b, ldb, p * kNr, pr.kp, pr.pb + p * kNr * pr.kp);
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < pr.blocks; ++blk)
+            PackA(ta, m, k, a, lda, blk * kMr, pr.kp, pr.pa + blk * kMr * pr.kp);
+        int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
+        int64_t per = (pr.blocks + parts - 1) / parts, b0 = t * per, b1 = b0 + per < pr.blocks ? b0 + per : pr.blocks;
+        if (b0 < b1) ComputeRows(pr, kern, b0, b1);
+    }
+}
+
+}  // namespace
+
+bool UseSbGemm() { return GetChoice().use; }
+
+const char* SbGemmKernelName() { return KernelName(GetChoice().kernel); }
+
+void SbGemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                  const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    Run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1);
+}
+
+void SbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, const uint16_t* b,
+            float beta, float* c) {
+    int64_t lda = ta ? m : k, ldb = tb ? k : n;
+    int nt = omp_get_max_threads();
+    bool serial = nt == 1 || omp_in_parallel() || m < 2 * nt || m * n * k < (int64_t{1} << 18);
+    Run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, n, serial ? 1 : nt);
+}
+
+}  // namespace infinitrain::cpu

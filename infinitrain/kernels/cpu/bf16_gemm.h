@@ -1,0 +1,30 @@
+// bfloat16 GEMMs on the CPU's bf16 dot-product units (float32 products, float32 sums).
+// The wheel's OpenBLAS is built without BUILD_BFLOAT16 (its cblas.h declares scipy_cblas_sbgemm, the library
+// has no such symbol), so these kernels are the project's own: AMX-BF16 tiles, else AVX512_BF16's vdpbf16ps,
+// else plain C++ on the same packed layout (a reference that runs on any CPU).
+#pragma once
+
+#include <cstdint>
+
+namespace infinitrain::cpu {
+
+// Whether bfloat16 matmul, linear and sdpa multiply on these kernels instead of widening to float32 for sgemm.
+// INFINITRAIN_CPU_BF16_GEMM: auto (the default: where the CPU has AMX-BF16 or AVX512_BF16), sbgemm (always),
+// widen (never). Read once; an invalid value throws std::invalid_argument. Call outside OpenMP regions.
+bool UseSbGemm();
+
+// The kernel SbGemm runs on this CPU: "amx", "avx512bf16" or "generic".
+const char* SbGemmKernelName();
+
+// C[M, N] = alpha * op(A) @ op(B) + beta * C with bfloat16 A, B (their bit patterns) and float32 C, on one
+// thread, explicit leading dimensions: A stored [M, K] ([K, M] when ta), B stored [K, N] ([N, K] when tb).
+// beta == 0 ignores C's contents, as BLAS does.
+void SbGemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                  const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The same for contiguous operands (ldc = N). Large products outside a parallel region split C's rows across
+// threads, as Gemm does, sharing one packed copy of B.
+void SbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, const uint16_t* b,
+            float beta, float* c);
+
+}  // namespace infinitrain::cpu
