@@ -8,6 +8,9 @@
 
 #include <omp.h>
 
+#include "infinitrain/dtype.h"
+#include "infinitrain/kernels/cpu/fastmath.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -115,10 +118,20 @@ void PackA(bool ta, int64_t m, int64_t k, const uint16_t* a, int64_t lda, int64_
             std::memset(dst + i * kp + k, 0, (kp - k) * sizeof(uint16_t));
         }
     } else {
-        for (int64_t i = 0; i < rows; ++i) std::memset(dst + i * kp + k, 0, (kp - k) * sizeof(uint16_t));
-        for (int64_t kk = 0; kk < k; ++kk) {
-            const uint16_t* src = a + kk * lda + r0;
-            for (int64_t i = 0; i < rows; ++i) dst[i * kp + kk] = src[i];
+        // 32 x 32 squares through a local tile: the rows of dst lie kp apart, often a multiple of 4 KiB, so
+        // writing them an element at a time thrashes a few cache sets.
+        uint16_t tile[kMr][kKr];
+        for (int64_t k0 = 0; k0 < kp; k0 += kKr) {
+            int64_t kn = k - k0 < kKr ? k - k0 : kKr;
+            for (int64_t j = 0; j < kKr; ++j) {
+                if (j < kn) {
+                    const uint16_t* src = a + (k0 + j) * lda + r0;
+                    for (int64_t i = 0; i < rows; ++i) tile[i][j] = src[i];
+                } else {
+                    for (int64_t i = 0; i < rows; ++i) tile[i][j] = 0;
+                }
+            }
+            for (int64_t i = 0; i < rows; ++i) std::memcpy(dst + i * kp + k0, tile[i], sizeof tile[i]);
         }
     }
     std::memset(dst + rows * kp, 0, (kMr - rows) * kp * sizeof(uint16_t));
@@ -291,26 +304,61 @@ void Micro(Kernel kern, const uint16_t* ap, const uint16_t* bp, int np, int64_t 
 
 // ---- driver --------------------------------------------------------------------------------------------------
 
-// 64-byte aligned scratch (AMX tile rows and vector loads stay within cache lines).
-struct Buffer {
-    uint16_t* p = nullptr;
-    explicit Buffer(int64_t elems) {
+// 64-byte aligned scratch (AMX tile rows and vector loads stay within cache lines). Each thread keeps its last
+// buffers of up to kKeepBytes for the next call: fresh ones of megabytes come from mmap and cost a page fault per
+// 4 KiB, as much as the packing itself.
+constexpr size_t kKeepBytes = size_t{32} << 20;
+
+struct Kept {
+    void* p = nullptr;
+    size_t bytes = 0;
+    ~Kept() { std::free(p); }
+};
+
+class Buffer {
+public:
+    Buffer(int64_t elems, Kept& kept) : kept_(kept) {
         size_t bytes = static_cast<size_t>(RoundUp(elems * int64_t{sizeof(uint16_t)}, 64));
-        p = static_cast<uint16_t*>(std::aligned_alloc(64, bytes ? bytes : 64));
+        if (bytes == 0) bytes = 64;
+        if (kept.p && kept.bytes >= bytes) {
+            p = static_cast<uint16_t*>(kept.p);  // borrowed until the destructor hands it back
+            kept.p = nullptr;
+            size_ = kept.bytes;
+            return;
+        }
+        p = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
         if (!p) throw std::bad_alloc();
+        size_ = bytes;
     }
-    ~Buffer() { std::free(p); }
+    ~Buffer() {  // kept: this one, the larger (a smaller kept one was not borrowed)
+        if (size_ <= kKeepBytes) {
+            std::free(kept_.p);
+            kept_.p = p;
+            kept_.bytes = size_;
+        } else {
+            std::free(p);
+        }
+    }
     Buffer(const Buffer&) = delete;
     Buffer& operator=(const Buffer&) = delete;
+    uint16_t* p;
+
+private:
+    Kept& kept_;
+    size_t size_;
 };
+
+thread_local Kept kept_a, kept_b;
 
 struct Problem {
     bool ta, tb;
     int64_t m, n, k, lda, ldb, ldc, kp, blocks, panels;
     float alpha, beta;
     const uint16_t *a, *b;
-    float* c;
-    uint16_t *pa, *pb;  // packed A (blocks x 32 x kp) and B (panels x kp x 16)
+    float* c;                               // float32 C, or
+    uint16_t* cbf;                          // bfloat16 C (beta 0),
+    const uint16_t* bias;                   // with this bfloat16 [N] row added before rounding (may be null)
+    uint16_t *pa = nullptr, *pb = nullptr;  // packed A (blocks x 32 x kp) and B (panels x kp x 16)
 };
 
 // Panels of B per pass over A: a chunk of about 512 KiB stays in L2 while every A block of the rows passes by.
@@ -319,11 +367,42 @@ int64_t PanelsPerChunk(int64_t kp) {
     return p < 2 ? 2 : p & ~int64_t{1};
 }
 
+// out[j] = bfloat16(alpha * s[j] + bias[j]) (bias may be null), FloatToBF16's rounding, built for AVX-512 and AVX2
+// besides the baseline: the kernels above produce a block faster than a scalar loop rounds it.
+INFINITRAIN_SIMD_CLONES void RoundRow(const float* s, const uint16_t* bias, float alpha, uint16_t* out, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
+        float v = alpha * s[j] + (bias ? BF16ToFloat(bias[j]) : 0.0f);
+        uint32_t u;
+        std::memcpy(&u, &v, sizeof u);
+        uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        uint32_t quiet = (u >> 16) | 0x40u;
+        out[j] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    }
+}
+
+// Writes acc's rows x cols block (row stride 32) to C at row r0, column c0.
+void Epilogue(const Problem& pr, const float* acc, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+    for (int64_t i = 0; i < rows; ++i) {
+        const float* sr = acc + i * 32;
+        if (pr.cbf) {
+            RoundRow(sr, pr.bias ? pr.bias + c0 : nullptr, pr.alpha, pr.cbf + (r0 + i) * pr.ldc + c0, cols);
+            continue;
+        }
+        float* cr = pr.c + (r0 + i) * pr.ldc + c0;
+        if (pr.beta == 0.0f) {
+            for (int64_t j = 0; j < cols; ++j) cr[j] = pr.alpha * sr[j];
+        } else {
+            for (int64_t j = 0; j < cols; ++j) cr[j] = pr.alpha * sr[j] + pr.beta * cr[j];
+        }
+    }
+}
+
 // C's rows of A blocks [b0, b1) against all of packed B.
 void ComputeRows(const Problem& pr, Kernel kern, int64_t b0, int64_t b1) {
     alignas(64) float acc[kMr * 32];
     int64_t chunk = PanelsPerChunk(pr.kp);
-    const bool direct = pr.alpha == 1.0f && (pr.beta == 0.0f || pr.beta == 1.0f);
+    // Whole blocks of a float32 C with alpha 1 and beta 0 or 1 go straight into C; the rest through acc.
+    const bool direct = pr.c && pr.alpha == 1.0f && (pr.beta == 0.0f || pr.beta == 1.0f);
 #if defined(__x86_64__)
     if (kern == Kernel::kAmx) AmxBegin();
 #endif
@@ -336,21 +415,11 @@ void ComputeRows(const Problem& pr, Kernel kern, int64_t b0, int64_t b1) {
                 int np = p + 1 < p1 ? 2 : 1;
                 int64_t c0 = p * kNr, cols = pr.n - c0 < np * kNr ? pr.n - c0 : np * kNr;
                 const uint16_t* bp = pr.pb + p * pr.kp * kNr;
-                float* cb = pr.c + r0 * pr.ldc + c0;
-                // A whole block with alpha 1 and beta 0 or 1 goes straight into C; the rest through acc.
                 if (direct && rows == kMr && cols == np * kNr) {
-                    Micro(kern, ap, bp, np, pr.kp, cb, pr.ldc, pr.beta != 0.0f);
-                    continue;
-                }
-                Micro(kern, ap, bp, np, pr.kp, acc, 32, false);
-                for (int64_t i = 0; i < rows; ++i) {
-                    float* cr = cb + i * pr.ldc;
-                    const float* sr = acc + i * 32;
-                    if (pr.beta == 0.0f) {
-                        for (int64_t j = 0; j < cols; ++j) cr[j] = pr.alpha * sr[j];
-                    } else {
-                        for (int64_t j = 0; j < cols; ++j) cr[j] = pr.alpha * sr[j] + pr.beta * cr[j];
-                    }
+                    Micro(kern, ap, bp, np, pr.kp, pr.c + r0 * pr.ldc + c0, pr.ldc, pr.beta != 0.0f);
+                } else {
+                    Micro(kern, ap, bp, np, pr.kp, acc, 32, false);
+                    Epilogue(pr, acc, r0, rows, c0, cols);
                 }
             }
         }
@@ -361,25 +430,35 @@ void ComputeRows(const Problem& pr, Kernel kern, int64_t b0, int64_t b1) {
 }
 
 // Packs and multiplies on `threads` threads (1: no parallel region). Scratch is allocated here, before any region.
-void Run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
-         const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc, int threads) {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {
-        for (int64_t i = 0; i < m; ++i) {
-            for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+void Run(Problem pr, int threads) {
+    if (pr.m == 0 || pr.n == 0) return;
+    if (pr.k == 0) {  // BLAS's K == 0: C = beta * C (or the bias alone)
+        for (int64_t i = 0; i < pr.m; ++i) {
+            for (int64_t j = 0; j < pr.n; ++j) {
+                if (pr.cbf) {
+                    pr.cbf[i * pr.ldc + j] = FloatToBF16(pr.bias ? BF16ToFloat(pr.bias[j]) : 0.0f);
+                } else {
+                    float* cij = pr.c + i * pr.ldc + j;
+                    *cij = pr.beta == 0.0f ? 0.0f : pr.beta * *cij;
+                }
+            }
         }
         return;
     }
     Kernel kern = GetChoice().kernel;
-    Problem pr{ta,    tb,   m, n, k, lda,     ldb,    ldc, RoundUp(k, kKr), (m + kMr - 1) / kMr, (n + kNr - 1) / kNr,
-               alpha, beta, a, b, c, nullptr, nullptr};
-    Buffer pa(pr.blocks * kMr * pr.kp), pb(pr.panels * kNr * pr.kp);
+    pr.kp = RoundUp(pr.k, kKr);
+    pr.blocks = (pr.m + kMr - 1) / kMr;
+    pr.panels = (pr.n + kNr - 1) / kNr;
+    Buffer pa(pr.blocks * kMr * pr.kp, kept_a), pb(pr.panels * kNr * pr.kp, kept_b);
     pr.pa = pa.p;
     pr.pb = pb.p;
+    auto pack_b = [&](int64_t p) { PackB(pr.tb, pr.n, pr.k, pr.b, pr.ldb, p * kNr, pr.kp, pr.pb + p * kNr * pr.kp); };
+    auto pack_a = [&](int64_t blk) {
+        PackA(pr.ta, pr.m, pr.k, pr.a, pr.lda, blk * kMr, pr.kp, pr.pa + blk * kMr * pr.kp);
+    };
     if (threads == 1) {
-        for (int64_t p = 0; p < pr.panels; ++p) PackB(tb, n, k, b, ldb, p * kNr, pr.kp, pr.pb + p * kNr * pr.kp);
-        for (int64_t blk = 0; blk < pr.blocks; ++blk)
-            PackA(ta, m, k, a, lda, blk * kMr, pr.kp, pr.pa + blk * kMr * pr.kp);
+        for (int64_t p = 0; p < pr.panels; ++p) pack_b(p);
+        for (int64_t blk = 0; blk < pr.blocks; ++blk) pack_a(blk);
         ComputeRows(pr, kern, 0, pr.blocks);
         return;
     }
@@ -387,14 +466,20 @@ void Run(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const u
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t p = 0; p < pr.panels; ++p) PackB(tb, n, k, b, ldb, p * kNr, pr.kp, pr.pb + p * kNr * pr.kp);
+        for (int64_t p = 0; p < pr.panels; ++p) pack_b(p);
 #pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < pr.blocks; ++blk)
-            PackA(ta, m, k, a, lda, blk * kMr, pr.kp, pr.pa + blk * kMr * pr.kp);
+        for (int64_t blk = 0; blk < pr.blocks; ++blk) pack_a(blk);
         int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
         int64_t per = (pr.blocks + parts - 1) / parts, b0 = t * per, b1 = b0 + per < pr.blocks ? b0 + per : pr.blocks;
         if (b0 < b1) ComputeRows(pr, kern, b0, b1);
     }
+}
+
+// The thread count for a contiguous product: Gemm's rule.
+int Threads(int64_t m, int64_t n, int64_t k) {
+    int nt = omp_get_max_threads();
+    bool serial = nt == 1 || omp_in_parallel() || m < 2 * nt || m * n * k < (int64_t{1} << 18);
+    return serial ? 1 : nt;
 }
 
 }  // namespace
@@ -405,15 +490,18 @@ const char* SbGemmKernelName() { return KernelName(GetChoice().kernel); }
 
 void SbGemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
                   const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-    Run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, 1);
+    Run({ta, tb, m, n, k, lda, ldb, ldc, 0, 0, 0, alpha, beta, a, b, c, nullptr, nullptr}, 1);
 }
 
 void SbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, const uint16_t* b,
             float beta, float* c) {
-    int64_t lda = ta ? m : k, ldb = tb ? k : n;
-    int nt = omp_get_max_threads();
-    bool serial = nt == 1 || omp_in_parallel() || m < 2 * nt || m * n * k < (int64_t{1} << 18);
-    Run(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, n, serial ? 1 : nt);
+    Run({ta, tb, m, n, k, ta ? m : k, tb ? k : n, n, 0, 0, 0, alpha, beta, a, b, c, nullptr, nullptr},
+        Threads(m, n, k));
+}
+
+void SbGemmBf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, const uint16_t* b,
+                const uint16_t* bias, uint16_t* c) {
+    Run({ta, tb, m, n, k, ta ? m : k, tb ? k : n, n, 0, 0, 0, alpha, 0.0f, a, b, nullptr, c, bias}, Threads(m, n, k));
 }
 
 }  // namespace infinitrain::cpu

@@ -27,4 +27,9 @@ void SbGemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha
 void SbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, const uint16_t* b,
             float beta, float* c);
 
+// The same into a bfloat16 C, each element rounded once from float32: C = alpha * op(A) @ op(B) + bias, with an
+// optional bfloat16 bias [N] added to every row. Saves the float32 scratch and the pass that narrows it.
+void SbGemmBf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, const uint16_t* b,
+                const uint16_t* bias, uint16_t* c);
+
 }  // namespace infinitrain::cpu

@@ -111,15 +111,19 @@ void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, 
     });
 }
 
-void BatchedSbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, const uint16_t* b, float* c,
-                   const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
-    ForEachProduct(static_cast<int64_t>(ao.size()), m * n * k, [&](int64_t i) {
-        SbGemm(ta, tb, m, n, k, 1.0f, a + ao[i] * m * k, b + bo[i] * k * n, 0.0f, c + i * m * n);
-    });
-}
-
 // A bfloat16 tensor's bit patterns, as the bf16 kernels take them.
 const uint16_t* Bits(const Tensor& t) { return &t.data<bf16>()->bits; }
+uint16_t* MutableBits(const Tensor& t) { return &t.data<bf16>()->bits; }
+
+// bfloat16 products on the bf16 kernels, rounded straight into the bfloat16 output.
+void BatchedSbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b,
+                   const Tensor& out, const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
+    const uint16_t *ap = Bits(a), *bp = Bits(b);
+    uint16_t* cp = MutableBits(out);
+    ForEachProduct(static_cast<int64_t>(ao.size()), m * n * k, [&](int64_t i) {
+        SbGemmBf16(ta, tb, m, n, k, 1.0f, ap + ao[i] * m * k, bp + bo[i] * k * n, nullptr, cp + i * m * n);
+    });
+}
 
 void MatmulKernel(KernelContext& ctx) {
     const Tensor &a = ctx.in[0], &b = ctx.in[1];
@@ -143,9 +147,7 @@ void MatmulKernel(KernelContext& ctx) {
         BatchOffsets(out_batch, a_batch, b_batch, ao, bo);
     }
     if (a.dtype() == DataType::kBFloat16 && b.dtype() == DataType::kBFloat16 && UseSbGemm()) {
-        std::vector<float> cbuf(out.numel());
-        BatchedSbGemm(ta, tb, m, n, k, Bits(a), Bits(b), cbuf.data(), ao, bo);
-        Narrow<bf16>(cbuf.data(), out);
+        BatchedSbGemm(ta, tb, m, n, k, a, b, out, ao, bo);
         return;
     }
     DispatchFloat(a.dtype(), "matmul", [&](auto tag) {
@@ -172,7 +174,11 @@ void LinearKernel(KernelContext& ctx) {
     int64_t rows = Numel(Shape(x.shape().begin(), x.shape().end() - 1));
     CheckBlasSize("linear", {rows, in_f, out_f});
     if (out.numel() == 0) return;
-    const bool sb = x.dtype() == DataType::kBFloat16 && UseSbGemm();
+    if (x.dtype() == DataType::kBFloat16 && UseSbGemm()) {
+        SbGemmBf16(false, true, rows, out_f, in_f, 1.0f, Bits(x), Bits(w), bias ? Bits(*bias) : nullptr,
+                   MutableBits(out));
+        return;
+    }
     DispatchFloat(x.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
         using C = Acc<T>;
@@ -193,18 +199,9 @@ void LinearKernel(KernelContext& ctx) {
                 }
             });
         }
-        bool done = false;
-        if constexpr (std::is_same_v<T, bf16>) {
-            if (sb) {
-                SbGemm(false, true, rows, out_f, in_f, 1.0f, Bits(x), Bits(w), bias ? 1.0f : 0.0f, cp);
-                done = true;
-            }
-        }
-        if (!done) {
-            const C* xp = Widen<T>(x, xbuf);
-            const C* wp = Widen<T>(w, wbuf);
-            Gemm<C>(false, true, rows, out_f, in_f, C(1), xp, wp, bias ? C(1) : C(0), cp);
-        }
+        const C* xp = Widen<T>(x, xbuf);
+        const C* wp = Widen<T>(w, wbuf);
+        Gemm<C>(false, true, rows, out_f, in_f, C(1), xp, wp, bias ? C(1) : C(0), cp);
         if constexpr (!std::is_same_v<T, C>) Narrow<T>(cp, out);
     });
 }
