@@ -9,7 +9,6 @@
 #include <omp.h>
 
 #include "infinitrain/dtype.h"
-#include "infinitrain/kernels/cpu/fastmath.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -58,20 +57,21 @@ bool AmxUsable() {
 }
 #endif
 
-Kernel Detect() {
+// Whether this CPU (and OS) runs kernel k; the AMX check, which asks the OS for the tile state, runs once.
+bool Runs(Kernel k) {
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (AmxUsable()) return Kernel::kAmx;
+    static const bool amx = AmxUsable();
     // GCC's check covers CPUID.(7,1):EAX bit 5 and the OS saving the AVX-512 state.
-    if (__builtin_cpu_supports("avx512bf16")) return Kernel::kAvx512;
+    static const bool avx512 = (__builtin_cpu_init(), __builtin_cpu_supports("avx512bf16") != 0);
+    if (k == Kernel::kAmx) return amx;
+    if (k == Kernel::kAvx512) return avx512;
+#else
+    if (k != Kernel::kGeneric) return false;
 #endif
-    return Kernel::kGeneric;
+    return true;
 }
 
-Kernel DetectedKernel() {
-    static const Kernel k = Detect();
-    return k;
-}
+Kernel Best() { return Runs(Kernel::kAmx) ? Kernel::kAmx : Runs(Kernel::kAvx512) ? Kernel::kAvx512 : Kernel::kGeneric; }
 
 const char* KernelName(Kernel k) { return k == Kernel::kAmx ? "amx" : k == Kernel::kAvx512 ? "avx512bf16" : "generic"; }
 
@@ -85,15 +85,17 @@ struct Choice {
 Choice ReadChoice() {
     const char* e = std::getenv("INFINITRAIN_CPU_BF16_GEMM");
     std::string v = e ? e : "";
-    Kernel best = DetectedKernel();
-    if (v.empty() || v == "auto") return {best != Kernel::kGeneric, best};
+    Kernel best = Best();
+    // AVX512_BF16 alone is not taken: forced on an AMX CPU, that kernel ran slower than sgemm (docs/benchmarks.md).
+    if (v.empty() || v == "auto") return {best == Kernel::kAmx, best};
     if (v == "sbgemm") return {true, best};
     if (v == "widen") return {false, best};
     for (Kernel k : {Kernel::kAmx, Kernel::kAvx512, Kernel::kGeneric}) {
         if (v != KernelName(k)) continue;
-        if (static_cast<int>(k) > static_cast<int>(best)) {
-            throw std::invalid_argument("INFINITRAIN_CPU_BF16_GEMM='" + v + "': this CPU's best bf16 kernel is '" +
-                                        KernelName(best) + "'");
+        if (!Runs(k)) {
+            throw std::invalid_argument("INFINITRAIN_CPU_BF16_GEMM='" + v +
+                                        "': this CPU cannot run that kernel (its best bf16 kernel is '" +
+                                        KernelName(best) + "')");
         }
         return {true, k};
     }
@@ -194,24 +196,29 @@ void MicroGeneric(const uint16_t* ap, const uint16_t* bp, int np, int64_t kp, fl
 }
 
 #if defined(__x86_64__)
-// 8 rows at a time: 16 accumulators, one broadcast pair of A per row and k pair against two panel rows.
+// 8 rows at a time: 16 accumulators, one broadcast pair of A per row and k pair against two panel rows. The row
+// loops are unrolled so that the accumulators live in registers.
 __attribute__((target("avx512f,avx512bf16"))) void MicroAvx512(const uint16_t* ap, const uint16_t* bp, int np,
                                                                int64_t kp, float* out, int64_t ldo, bool accumulate) {
-    const uint16_t *b0 = bp, *b1 = bp + kp * kNr;
+    const uint16_t* b1 = bp + (np > 1 ? kp * kNr : 0);  // one panel: the second product is computed and dropped
     for (int64_t i0 = 0; i0 < kMr; i0 += 8) {
         __m512 c0[8], c1[8];
+#pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) c0[i] = c1[i] = _mm512_setzero_ps();
+        const uint16_t* ar = ap + i0 * kp;
         for (int64_t r = 0; r < kp / 2; ++r) {
-            __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + r * 2 * kNr);
-            __m512bh x1 = np > 1 ? (__m512bh)_mm512_loadu_si512(b1 + r * 2 * kNr) : x0;
+            __m512bh x0 = (__m512bh)_mm512_loadu_si512(bp + r * 2 * kNr);
+            __m512bh x1 = (__m512bh)_mm512_loadu_si512(b1 + r * 2 * kNr);
+#pragma GCC unroll 8
             for (int i = 0; i < 8; ++i) {
                 int32_t pair;
-                std::memcpy(&pair, ap + (i0 + i) * kp + 2 * r, sizeof pair);
+                std::memcpy(&pair, ar + i * kp + 2 * r, sizeof pair);
                 __m512bh y = (__m512bh)_mm512_set1_epi32(pair);
                 c0[i] = _mm512_dpbf16_ps(c0[i], y, x0);
                 c1[i] = _mm512_dpbf16_ps(c1[i], y, x1);
             }
         }
+#pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) {
             float* o = out + (i0 + i) * ldo;
             if (accumulate) c0[i] = _mm512_add_ps(c0[i], _mm512_loadu_ps(o));
@@ -367,27 +374,58 @@ int64_t PanelsPerChunk(int64_t kp) {
     return p < 2 ? 2 : p & ~int64_t{1};
 }
 
-// out[j] = bfloat16(alpha * s[j] + bias[j]) (bias may be null), FloatToBF16's rounding, built for AVX-512 and AVX2
-// besides the baseline: the kernels above produce a block faster than a scalar loop rounds it.
-INFINITRAIN_SIMD_CLONES void RoundRow(const float* s, const uint16_t* bias, float alpha, uint16_t* out, int64_t n) {
-    for (int64_t j = 0; j < n; ++j) {
-        float v = alpha * s[j] + (bias ? BF16ToFloat(bias[j]) : 0.0f);
-        uint32_t u;
-        std::memcpy(&u, &v, sizeof u);
-        uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        uint32_t quiet = (u >> 16) | 0x40u;
-        out[j] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+// out[i][j] = bfloat16(alpha * acc[i][j] + bias[j]) for a rows x cols block (acc's row stride 32, out's ldo), with
+// FloatToBF16's rounding.
+void RoundBlock(const float* acc, const float* bias, float alpha, int64_t rows, int64_t cols, uint16_t* out,
+                int64_t ldo) {
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) out[i * ldo + j] = FloatToBF16(alpha * acc[i * 32 + j] + bias[j]);
     }
 }
 
+#if defined(__x86_64__)
+// The same 16 lanes at a time where the CPU has AVX-512 (every AMX or AVX512_BF16 CPU): a scalar loop rounds more
+// slowly than the bf16 kernels produce a block. (The maskz shifts: GCC 12 warns on the plain ones' undefined
+// operand.)
+__attribute__((target("avx512f"))) void RoundBlockAvx512(const float* acc, const float* bias, float alpha, int64_t rows,
+                                                         int64_t cols, uint16_t* out, int64_t ldo) {
+    const __m512 va = _mm512_set1_ps(alpha);
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
+    const __mmask16 all = 0xffff;
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; j += 16) {
+            __mmask16 m = cols - j >= 16 ? all : __mmask16((1u << (cols - j)) - 1);
+            __m512 v = _mm512_add_ps(_mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, acc + i * 32 + j)),
+                                     _mm512_maskz_loadu_ps(m, bias + j));
+            __m512i u = _mm512_castps_si512(v), hi = _mm512_maskz_srli_epi32(all, u, 16);
+            __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(half, _mm512_and_si512(hi, one)));
+            r = _mm512_maskz_srli_epi32(all, r, 16);
+            r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(hi, quiet));
+            _mm512_mask_cvtepi32_storeu_epi16(out + i * ldo + j, m, r);
+        }
+    }
+}
+#endif
+
 // Writes acc's rows x cols block (row stride 32) to C at row r0, column c0.
 void Epilogue(const Problem& pr, const float* acc, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+    if (pr.cbf) {
+        float bias[32] = {};
+        if (pr.bias) {
+            for (int64_t j = 0; j < cols; ++j) bias[j] = BF16ToFloat(pr.bias[c0 + j]);
+        }
+#if defined(__x86_64__)
+        static const bool avx512 = __builtin_cpu_supports("avx512f");
+        if (avx512) {
+            RoundBlockAvx512(acc, bias, pr.alpha, rows, cols, pr.cbf + r0 * pr.ldc + c0, pr.ldc);
+            return;
+        }
+#endif
+        RoundBlock(acc, bias, pr.alpha, rows, cols, pr.cbf + r0 * pr.ldc + c0, pr.ldc);
+        return;
+    }
     for (int64_t i = 0; i < rows; ++i) {
         const float* sr = acc + i * 32;
-        if (pr.cbf) {
-            RoundRow(sr, pr.bias ? pr.bias + c0 : nullptr, pr.alpha, pr.cbf + (r0 + i) * pr.ldc + c0, cols);
-            continue;
-        }
         float* cr = pr.c + (r0 + i) * pr.ldc + c0;
         if (pr.beta == 0.0f) {
             for (int64_t j = 0; j < cols; ++j) cr[j] = pr.alpha * sr[j];
@@ -485,8 +523,6 @@ int Threads(int64_t m, int64_t n, int64_t k) {
 }  // namespace
 
 bool UseSbGemm() { return GetChoice().use; }
-
-const char* SbGemmKernelName() { return KernelName(GetChoice().kernel); }
 
 void SbGemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
                   const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc) {

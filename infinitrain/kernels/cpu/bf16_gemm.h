@@ -9,12 +9,10 @@
 namespace infinitrain::cpu {
 
 // Whether bfloat16 matmul, linear and sdpa multiply on these kernels instead of widening to float32 for sgemm.
-// INFINITRAIN_CPU_BF16_GEMM: auto (the default: where the CPU has AMX-BF16 or AVX512_BF16), sbgemm (always),
-// widen (never). Read once; an invalid value throws std::invalid_argument. Call outside OpenMP regions.
+// INFINITRAIN_CPU_BF16_GEMM: auto (the default: where the CPU has AMX-BF16), sbgemm (always, on the best kernel
+// this CPU runs), widen (never), or amx, avx512bf16, generic (that kernel). Read once; an invalid value throws
+// std::invalid_argument. Call outside OpenMP regions.
 bool UseSbGemm();
-
-// The kernel SbGemm runs on this CPU: "amx", "avx512bf16" or "generic".
-const char* SbGemmKernelName();
 
 // C[M, N] = alpha * op(A) @ op(B) + beta * C with bfloat16 A, B (their bit patterns) and float32 C, on one
 // thread, explicit leading dimensions: A stored [M, K] ([K, M] when ta), B stored [K, N] ([N, K] when tb).
