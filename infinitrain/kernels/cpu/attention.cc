@@ -323,9 +323,9 @@ void SdpaBackward(KernelContext& ctx) {
                 for (int64_t i = 0; i < td; ++i) Store(dqp + bh * td + i, C(0));
                 continue;
             }
-            const T *qh = qp + bh * td, *gh = gp + bh * td;
+            const T *qh = qp + bh * td, *doh = gp + bh * td;
             const C* qc = Widen(qh, td, qb);
-            const C* gc = Widen(gh, td, gb);
+            const C* gc = Widen(doh, td, gb);
             const T* oh = op + bh * td;
             const C* lh = lp + bh * d.T;
             const bool blocked = BlockedCausal(causal, threads);
@@ -350,11 +350,11 @@ void SdpaBackward(KernelContext& ctx) {
                     int64_t t1 = std::min(d.T, t0 + kCausalBlock);
                     GemmSerial<C>(true, false, t1, d.D, t1 - t0, C(1), P + t0 * d.S, d.S, gc + t0 * d.D, d.D, C(1), dvb,
                                   d.D);
-                    ProductXYt(sb, true, gh, gc, vh, vc, t0, t1 - t0, t1, d.D, C(1), dP + t0 * d.S, d.S);
+                    ProductXYt(sb, true, doh, gc, vh, vc, t0, t1 - t0, t1, d.D, C(1), dP + t0 * d.S, d.S);
                 }
             } else {
-                Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);             // dv += P^T dO
-                ProductXYt(sb, false, gh, gc, vh, vc, 0, d.T, d.S, d.D, C(1), dP, d.S);  // dP = dO v^T
+                Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);              // dv += P^T dO
+                ProductXYt(sb, false, doh, gc, vh, vc, 0, d.T, d.S, d.D, C(1), dP, d.S);  // dP = dO v^T
             }
             for (int64_t t = 0; t < d.T; ++t) {
                 double di = 0;  // rowsum(dO * out) in double
