@@ -10,10 +10,12 @@
 //     dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dO * out)), dq = dS k * scale, dk = dS^T q * scale;
 //     dk, dv sum over the query heads that share a kv head.
 //   sdpa_bthd and its backward: the same on [B, T, H, D] tensors, run on [B, H, T, D] copies.
-// The [T, S] products run on OpenBLAS in float32 (float64 for float64 inputs); bfloat16 heads are widened to
-// float32 scratch. Work splits over (b, h) forward and over (b, kv head) backward, so each thread owns the dk, dv
-// it accumulates; OpenBLAS runs single-threaded inside those parallel loops. Per-thread scratch is allocated before
-// the loop, so running out of memory raises MemoryError naming the op (never inside an OpenMP region).
+// The [T, S] products run on OpenBLAS in float32 (float64 for float64 inputs); bfloat16 and float16 heads are widened
+// to float32 scratch, except that q k^T and dO v^T of bfloat16 heads take the bf16 kernels (bf16_gemm.h) on the
+// tensors themselves where gemm.cc's products do. Work splits over (b, h) forward and over (b, kv head) backward, so
+// each thread owns the dk, dv it accumulates; OpenBLAS runs single-threaded inside those parallel loops. Per-thread
+// scratch is allocated before the loop, so running out of memory raises MemoryError naming the op (never inside an
+// OpenMP region).
 
 #include <algorithm>
 #include <climits>
@@ -23,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "infinitrain/kernels/cpu/bf16_gemm.h"
 #include "infinitrain/kernels/cpu/blas.h"
 #include "infinitrain/kernels/cpu/common.h"
 #include "infinitrain/kernels/cpu/fastmath.h"
@@ -138,10 +141,28 @@ void CheckBlas(const char* op, const SdpaDims& d) {
     }
 }
 
-// Scores of one head into sc [T, S]: q k^T * scale. Masked entries are left as computed; callers skip them.
-template <typename C>
-void Scores(const SdpaDims& d, const C* q, const C* k, C scale, C* sc) {
-    Gemm<C>(false, true, d.T, d.S, d.D, scale, q, k, C(0), sc);
+// out[rows, cols] (row stride ldo) = alpha * x[r0 : r0 + rows, D] @ y[cols, D]^T, for q k^T and dO v^T: on the bf16
+// kernels from the bfloat16 heads themselves when sb, else from their compute-type copies xc, yc. serial: on this
+// thread (else rows split over the threads outside a parallel region, and ldo must be cols).
+template <typename T, typename C>
+void ProductXYt(bool sb, bool serial, const T* x, const C* xc, const T* y, const C* yc, int64_t r0, int64_t rows,
+                int64_t cols, int64_t D, C alpha, C* out, int64_t ldo) {
+    if constexpr (std::is_same_v<T, bf16>) {
+        if (sb) {
+            const uint16_t *xb = &x[r0 * D].bits, *yb = &y->bits;
+            if (serial) {
+                SbGemmSerial(false, true, rows, cols, D, alpha, xb, D, yb, D, 0.0f, out, ldo);
+            } else {
+                SbGemm(false, true, rows, cols, D, alpha, xb, yb, 0.0f, out);
+            }
+            return;
+        }
+    }
+    if (serial) {
+        GemmSerial<C>(false, true, rows, cols, D, alpha, xc + r0 * D, D, yc, D, C(0), out, ldo);
+    } else {
+        Gemm<C>(false, true, rows, cols, D, alpha, xc + r0 * D, yc, C(0), out);
+    }
 }
 
 // Causal attention by blocks of query rows: rows [t0, t1) see keys [0, t1) only, so the products skip the
@@ -164,6 +185,7 @@ void SdpaForward(KernelContext& ctx) {
     T* op = out.data<T>();
     C* lp = lse_t.data<C>();
     constexpr bool kWiden = !std::is_same_v<T, C>;
+    const bool sb = std::is_same_v<T, bf16> && UseSbGemm();  // q k^T on the bf16 kernels: q, k stay unwidened
     const uint64_t ts = d.T * d.S, td = d.T * d.D, sd = d.S * d.D;
     int threads = HeadThreads(d.B * d.Hq, d.T * d.S * d.D * 4);
     // Per thread: the scores, plus widened q, k, v and the output for bfloat16/float16.
@@ -182,18 +204,18 @@ void SdpaForward(KernelContext& ctx) {
         }
         C* sc = base + worker * per;
         C *qb = sc + ts, *kb = qb + td, *vb = kb + sd, *ob = vb + sd;
-        const C* qc = Widen(qh, td, qb);
-        const C* kc = Widen(kp + kvh * sd, sd, kb);
+        const T* kh = kp + kvh * sd;
+        const C* qc = sb ? nullptr : Widen(qh, td, qb);
+        const C* kc = sb ? nullptr : Widen(kh, sd, kb);
         const C* vc = Widen(vp + kvh * sd, sd, vb);
         const bool blocked = BlockedCausal(causal, threads);
         if (blocked) {
             for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {
                 int64_t t1 = std::min(d.T, t0 + kCausalBlock);
-                GemmSerial<C>(false, true, t1 - t0, t1, d.D, scale, qc + t0 * d.D, d.D, kc, d.D, C(0), sc + t0 * d.S,
-                              d.S);
+                ProductXYt(sb, true, qh, qc, kh, kc, t0, t1 - t0, t1, d.D, scale, sc + t0 * d.S, d.S);
             }
         } else {
-            Scores<C>(d, qc, kc, scale, sc);
+            ProductXYt(sb, false, qh, qc, kh, kc, 0, d.T, d.S, d.D, scale, sc, d.S);
         }
         for (int64_t t = 0; t < d.T; ++t) {
             C* row = sc + t * d.S;
@@ -280,6 +302,7 @@ void SdpaBackward(KernelContext& ctx) {
     const C* lp = lse_t.data<C>();
     T *dqp = dq.data<T>(), *dkp = dk.data<T>(), *dvp = dv.data<T>();
     constexpr bool kWiden = !std::is_same_v<T, C>;
+    const bool sb = std::is_same_v<T, bf16> && UseSbGemm();  // q k^T and dO v^T on the bf16 kernels: v unwidened
     const uint64_t ts = d.T * d.S;
     int threads = HeadThreads(d.B * d.Hkv, group * d.T * d.S * d.D * 8);
     // Per thread: P, dP, the dk, dv accumulators, plus widened k, v, q, dO and dq for bfloat16/float16.
@@ -291,27 +314,28 @@ void SdpaBackward(KernelContext& ctx) {
         C *P = base + worker * per, *dP = P + ts, *dkb = dP + ts, *dvb = dkb + sd;
         C *kb = dvb + sd, *vb = kb + sd, *qb = vb + sd, *gb = qb + td, *dqb = gb + td;
         std::fill(dkb, dkb + 2 * sd, C(0));
-        const C* kc = Widen(kp + bg * sd, sd, kb);
-        const C* vc = Widen(vp + bg * sd, sd, vb);
+        const T *kh = kp + bg * sd, *vh = vp + bg * sd;
+        const C* kc = Widen(kh, sd, kb);
+        const C* vc = sb ? nullptr : Widen(vh, sd, vb);
         for (int64_t j = 0; j < group; ++j) {
             int64_t bh = b * d.Hq + gh * group + j;
             if (d.S == 0) {
                 for (int64_t i = 0; i < td; ++i) Store(dqp + bh * td + i, C(0));
                 continue;
             }
-            const C* qc = Widen(qp + bh * td, td, qb);
-            const C* gc = Widen(gp + bh * td, td, gb);
+            const T *qh = qp + bh * td, *doh = gp + bh * td;
+            const C* qc = Widen(qh, td, qb);
+            const C* gc = Widen(doh, td, gb);
             const T* oh = op + bh * td;
             const C* lh = lp + bh * d.T;
             const bool blocked = BlockedCausal(causal, threads);
             if (blocked) {
                 for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {
                     int64_t t1 = std::min(d.T, t0 + kCausalBlock);
-                    GemmSerial<C>(false, true, t1 - t0, t1, d.D, scale, qc + t0 * d.D, d.D, kc, d.D, C(0), P + t0 * d.S,
-                                  d.S);
+                    ProductXYt(sb, true, qh, qc, kh, kc, t0, t1 - t0, t1, d.D, scale, P + t0 * d.S, d.S);
                 }
             } else {
-                Scores<C>(d, qc, kc, scale, P);
+                ProductXYt(sb, false, qh, qc, kh, kc, 0, d.T, d.S, d.D, scale, P, d.S);
             }
             for (int64_t t = 0; t < d.T; ++t) {
                 C* row = P + t * d.S;
@@ -326,12 +350,11 @@ void SdpaBackward(KernelContext& ctx) {
                     int64_t t1 = std::min(d.T, t0 + kCausalBlock);
                     GemmSerial<C>(true, false, t1, d.D, t1 - t0, C(1), P + t0 * d.S, d.S, gc + t0 * d.D, d.D, C(1), dvb,
                                   d.D);
-                    GemmSerial<C>(false, true, t1 - t0, t1, d.D, C(1), gc + t0 * d.D, d.D, vc, d.D, C(0), dP + t0 * d.S,
-                                  d.S);
+                    ProductXYt(sb, true, doh, gc, vh, vc, t0, t1 - t0, t1, d.D, C(1), dP + t0 * d.S, d.S);
                 }
             } else {
-                Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);  // dv += P^T dO
-                Gemm<C>(false, true, d.T, d.S, d.D, C(1), gc, vc, C(0), dP);  // dP = dO v^T
+                Gemm<C>(true, false, d.S, d.D, d.T, C(1), P, gc, C(1), dvb);              // dv += P^T dO
+                ProductXYt(sb, false, doh, gc, vh, vc, 0, d.T, d.S, d.D, C(1), dP, d.S);  // dP = dO v^T
             }
             for (int64_t t = 0; t < d.T; ++t) {
                 double di = 0;  // rowsum(dO * out) in double

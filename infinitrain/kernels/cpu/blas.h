@@ -4,7 +4,8 @@
 // pool and OpenMP's spinning workers otherwise fight over the cores, which cost
 // up to 4x on a 2-core machine. Kernels parallelise with OpenMP instead; Gemm
 // itself splits the rows of C across threads when called outside a parallel
-// region.
+// region. bfloat16 products on the CPU's bf16 units: bf16_gemm.h (the wheel's
+// build has no sbgemm).
 #pragma once
 
 #include <omp.h>

@@ -3,13 +3,16 @@
 //     ([..., K, M] when trans_a), b is stored [..., K, N] ([..., N, K] when trans_b); the batch dims (all but the
 //     last two) broadcast: a size-1 or missing batch dim reuses the same matrix (batch stride 0).
 //   linear(x, weight, bias?): out[R, O] = x[R, I] @ weight[O, I]^T + bias[O], R = the product of x's leading dims.
-// float32 and float64 call sgemm/dgemm on the tensors directly; bfloat16 operands are widened to float32 scratch,
-// multiplied with sgemm (float accumulation) and rounded back to bfloat16.
+// float32 and float64 call sgemm/dgemm on the tensors directly. bfloat16 operands go to the bf16 kernels
+// (bf16_gemm.h: float32 products and sums) where the CPU has bf16 units or INFINITRAIN_CPU_BF16_GEMM says so, else
+// they are widened to float32 scratch for sgemm, as float16 always is; either way the float32 result is rounded
+// back once.
 
 #include <climits>
 #include <type_traits>
 #include <vector>
 
+#include "infinitrain/kernels/cpu/bf16_gemm.h"
 #include "infinitrain/kernels/cpu/blas.h"
 #include "infinitrain/kernels/cpu/common.h"
 
@@ -84,16 +87,12 @@ void BatchOffsets(const Shape& out_batch, const Shape& a_batch, const Shape& b_b
     }
 }
 
-template <typename C>
-void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, const C* b, C* c,
-                 const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
-    int64_t count = static_cast<int64_t>(ao.size());
-    int64_t per = m * n * k, nt = omp_get_max_threads();
-    // Many small products: one thread per product. Few or big ones: Gemm splits each product's rows.
+// Runs one(i) for the count products of per = M * N * K each. Many small products: one thread per product. Few or
+// big ones: serially, each product splitting its rows over the threads itself.
+template <typename F>
+void ForEachProduct(int64_t count, int64_t per, F&& one) {
+    int64_t nt = omp_get_max_threads();
     bool batch_parallel = nt > 1 && count >= nt && count * per >= (1 << 16) && (per <= (1 << 21) || count >= 4 * nt);
-    auto one = [&](int64_t i) {
-        Gemm<C>(ta, tb, m, n, k, C(1), a + ao[i] * m * k, b + bo[i] * k * n, C(0), c + i * m * n);
-    };
     if (!batch_parallel) {
         for (int64_t i = 0; i < count; ++i) one(i);
         return;
@@ -102,6 +101,28 @@ void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, 
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < count; ++i) error.Run([&] { one(i); });
     error.Rethrow();
+}
+
+template <typename C>
+void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, const C* b, C* c,
+                 const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
+    ForEachProduct(static_cast<int64_t>(ao.size()), m * n * k, [&](int64_t i) {
+        Gemm<C>(ta, tb, m, n, k, C(1), a + ao[i] * m * k, b + bo[i] * k * n, C(0), c + i * m * n);
+    });
+}
+
+// A bfloat16 tensor's bit patterns, as the bf16 kernels take them.
+const uint16_t* Bits(const Tensor& t) { return &t.data<bf16>()->bits; }
+uint16_t* MutableBits(const Tensor& t) { return &t.data<bf16>()->bits; }
+
+// bfloat16 products on the bf16 kernels, rounded straight into the bfloat16 output.
+void BatchedSbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b,
+                   const Tensor& out, const std::vector<int64_t>& ao, const std::vector<int64_t>& bo) {
+    const uint16_t *ap = Bits(a), *bp = Bits(b);
+    uint16_t* cp = MutableBits(out);
+    ForEachProduct(static_cast<int64_t>(ao.size()), m * n * k, [&](int64_t i) {
+        SbGemmBf16(ta, tb, m, n, k, 1.0f, ap + ao[i] * m * k, bp + bo[i] * k * n, nullptr, cp + i * m * n);
+    });
 }
 
 void MatmulKernel(KernelContext& ctx) {
@@ -124,6 +145,10 @@ void MatmulKernel(KernelContext& ctx) {
         m *= Numel(out_batch);
     } else {
         BatchOffsets(out_batch, a_batch, b_batch, ao, bo);
+    }
+    if (a.dtype() == DataType::kBFloat16 && b.dtype() == DataType::kBFloat16 && UseSbGemm()) {
+        BatchedSbGemm(ta, tb, m, n, k, a, b, out, ao, bo);
+        return;
     }
     DispatchFloat(a.dtype(), "matmul", [&](auto tag) {
         using T = decltype(tag);
@@ -149,12 +174,15 @@ void LinearKernel(KernelContext& ctx) {
     int64_t rows = Numel(Shape(x.shape().begin(), x.shape().end() - 1));
     CheckBlasSize("linear", {rows, in_f, out_f});
     if (out.numel() == 0) return;
+    if (x.dtype() == DataType::kBFloat16 && UseSbGemm()) {
+        SbGemmBf16(false, true, rows, out_f, in_f, 1.0f, Bits(x), Bits(w), bias ? Bits(*bias) : nullptr,
+                   MutableBits(out));
+        return;
+    }
     DispatchFloat(x.dtype(), "linear", [&](auto tag) {
         using T = decltype(tag);
         using C = Acc<T>;
         std::vector<C> xbuf, wbuf, cbuf;
-        const C* xp = Widen<T>(x, xbuf);
-        const C* wp = Widen<T>(w, wbuf);
         C* cp;
         if constexpr (std::is_same_v<T, C>) {
             cp = out.data<T>();
@@ -171,6 +199,8 @@ void LinearKernel(KernelContext& ctx) {
                 }
             });
         }
+        const C* xp = Widen<T>(x, xbuf);
+        const C* wp = Widen<T>(w, wbuf);
         Gemm<C>(false, true, rows, out_f, in_f, C(1), xp, wp, bias ? C(1) : C(0), cp);
         if constexpr (!std::is_same_v<T, C>) Narrow<T>(cp, out);
     });
