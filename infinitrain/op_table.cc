@@ -2,7 +2,10 @@
 // rule, doc; see op.h for the schema syntax), then the shape rules it names.
 // docs/ops.md is generated from this table (./bazelw run //python:opdoc).
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "infinitrain/op.h"
 
@@ -126,7 +129,7 @@ extern const OpDef kOpTable[] = {
 {"where(cond: bool, a, b) -> out",                                              R, kF,   "where",              Where,              "cond ? a : b, all three broadcast"},
 {"masked_fill(x, mask: bool; value: float) -> out",                             R, kF,   "masked_fill",        MaskedFill,         "mask ? value : x; mask broadcasts to x's shape"},
 {"axpy_(y!, x; alpha: float) -> ()",                                            R, kF,   "",                   Axpy,               "y += alpha * x (same shape and dtype)"},
-{"foreach_mul_(scale, xs!...) -> ()",                                           F, kF,   "",                   ForeachMul,         "x *= scale for every x in xs (one float dtype; no two sharing memory); scale 0-d, any float dtype, read on the device; the product in float32 (float64 for float64 xs), rounded once"},
+{"foreach_mul_(scale, xs!...) -> ()",                                           F, kF,   "",                   ForeachMul,         "x *= scale for every x in xs (one float dtype; no two inputs sharing memory); scale 0-d, any float dtype, read on the device; the product in float32 (float64 for float64 xs), rounded once"},
 // ---- reductions ----
 {"sum(x; dims: ints, keepdim: int) -> out",                                     R, kF,   "fill_ add",          Reduce,             "sum over dims (all when empty)"},
 {"mean(x; dims: ints, keepdim: int) -> out",                                    R, kF,   "fill_ add affine",   Reduce,             "mean over dims (all when empty)"},
@@ -436,6 +439,22 @@ void CheckForeachDtypes(const char* op, const In& in, size_t first, const char* 
     }
 }
 
+// in[first..] must not share memory: a foreach kernel writing one while another reads or writes it would race.
+void CheckForeachDisjoint(const char* op, const In& in, size_t first) {
+    std::vector<std::pair<uintptr_t, size_t>> spans;  // (first byte, input index)
+    for (size_t k = first; k < in.size(); ++k) {
+        if (in[k].nbytes()) spans.emplace_back(reinterpret_cast<uintptr_t>(in[k].data()), k);
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) {
+        const size_t a = spans[i - 1].second, b = spans[i].second;
+        if (spans[i].first < spans[i - 1].first + in[a].nbytes()) {
+            OpError(op, "inputs " + std::to_string(std::min(a, b)) + " and " + std::to_string(std::max(a, b)) +
+                            " share memory: each tensor may appear once");
+        }
+    }
+}
+
 RULE(ForeachSumSquares) {
     CheckForeachDtypes(op, in, 0, "xs");
     return {{Shape{}, StatType(in[0].dtype())}};
@@ -444,6 +463,7 @@ RULE(ForeachSumSquares) {
 RULE(ForeachMul) {
     if (in[0].dim() != 0) OpError(op, "scale must be 0-d, got shape " + ShapeToString(in[0].shape()));
     CheckForeachDtypes(op, in, 1, "xs");
+    CheckForeachDisjoint(op, in, 0);
     return {};
 }
 
@@ -756,6 +776,7 @@ RULE(ForeachAdamW) {
         }
     }
     if (Int(a, 5) < 1) OpError(op, "step must be >= 1");
+    CheckForeachDisjoint(op, in, 0);
     return {};
 }
 

@@ -350,6 +350,18 @@ def _f64(*shape):
             [],
             "foreach_mul_: scale must be float32, bfloat16, float16 or float64, got int64",
         ),
+        (
+            "foreach_mul_",
+            lambda: [to_device(np.array(2.0), "float32")] + [f32(3)] * 2,
+            [],
+            "foreach_mul_: inputs 1 and 2 share memory: each tensor may appear once",
+        ),
+        (
+            "foreach_adamw_",
+            lambda: (lambda t: t[:6] + [t[6], t[6]])(_adamw_sets(4, 4)),
+            ATTRS,
+            "foreach_adamw_: inputs 6 and 7 share memory: each tensor may appear once",
+        ),
     ],
 )
 def test_foreach_errors(name, inputs, attrs, match):

@@ -84,7 +84,7 @@ int64_t QueryBlock() {
         const long long v = std::strtoll(e, &end, 10);
         if (*end || v < 16 || v > (1 << 20)) {
             throw std::invalid_argument(std::string("INFINITRAIN_GPU_SDPA_BLOCK='") + e +
-                                        "': expected a query count of at least 16");
+                                        "': expected a query count from 16 to 1048576");
         }
         return static_cast<int64_t>(v);
     }();

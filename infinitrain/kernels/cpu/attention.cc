@@ -15,7 +15,8 @@
 // tensors themselves where gemm.cc's products do. Work splits over (b, h) forward and over (b, kv head) backward, so
 // each thread owns the dk, dv it accumulates; OpenBLAS runs single-threaded inside those parallel loops. Per-thread
 // scratch is allocated before the loop, so running out of memory raises MemoryError naming the op (never inside an
-// OpenMP region).
+// OpenMP region); the bf16 kernels' packing buffers are allocated inside it, and a failure there is carried out of
+// the region as a plain MemoryError.
 
 #include <algorithm>
 #include <climits>
@@ -149,7 +150,8 @@ void ProductXYt(bool sb, bool serial, const T* x, const C* xc, const T* y, const
                 int64_t cols, int64_t D, C alpha, C* out, int64_t ldo) {
     if constexpr (std::is_same_v<T, bf16>) {
         if (sb) {
-            const uint16_t *xb = &x[r0 * D].bits, *yb = &y->bits;
+            const uint16_t *xb = reinterpret_cast<const uint16_t*>(x + r0 * D),
+                           *yb = reinterpret_cast<const uint16_t*>(y);
             if (serial) {
                 SbGemmSerial(false, true, rows, cols, D, alpha, xb, D, yb, D, 0.0f, out, ldo);
             } else {

@@ -112,8 +112,8 @@ void BatchedGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const C* a, 
 }
 
 // A bfloat16 tensor's bit patterns, as the bf16 kernels take them.
-const uint16_t* Bits(const Tensor& t) { return &t.data<bf16>()->bits; }
-uint16_t* MutableBits(const Tensor& t) { return &t.data<bf16>()->bits; }
+const uint16_t* Bits(const Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data<bf16>()); }
+uint16_t* MutableBits(const Tensor& t) { return reinterpret_cast<uint16_t*>(t.data<bf16>()); }
 
 // bfloat16 products on the bf16 kernels, rounded straight into the bfloat16 output.
 void BatchedSbGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const Tensor& a, const Tensor& b,
