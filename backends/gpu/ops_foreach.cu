@@ -28,11 +28,7 @@ void ForeachSumSquares(KernelContext& ctx) {
             GPU_CHECK_LAUNCH("foreach_sum_squares");
         });
     });
-    if (y.dtype() == DataType::kFloat64) {
-        SumPartialsKernel<double><<<1, 1024, 0, s>>>(partial.data<double>(), blocks, y.data<double>());
-    } else {
-        SumPartialsKernel<float><<<1, 1024, 0, s>>>(partial.data<double>(), blocks, y.data<float>());
-    }
+    LaunchSumPartials(s, partial.data<double>(), blocks, y);
     GPU_CHECK_LAUNCH("foreach_sum_squares");
 }
 

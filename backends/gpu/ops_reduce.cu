@@ -167,11 +167,7 @@ void SumSquares(KernelContext& ctx) {
                 <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(x.data<T>(), n, partial.data<double>());
             GPU_CHECK_LAUNCH("sum_squares");
         }
-        if (y.dtype() == DataType::kFloat64) {
-            SumPartialsKernel<double><<<1, 1024, 0, s>>>(partial.data<double>(), blocks, y.data<double>());
-        } else {
-            SumPartialsKernel<float><<<1, 1024, 0, s>>>(partial.data<double>(), blocks, y.data<float>());
-        }
+        LaunchSumPartials(s, partial.data<double>(), blocks, y);
         GPU_CHECK_LAUNCH("sum_squares");
     });
 }

@@ -223,4 +223,13 @@ __global__ void SumPartialsKernel(const double* __restrict__ partial, int64_t co
     if (threadIdx.x == 0) *out = static_cast<S>(acc);
 }
 
+// The sum of `count` partials into the 0-d y (float32 or float64), by one block in a fixed order.
+inline void LaunchSumPartials(NativeStream_t s, const double* partial, int64_t count, const Tensor& y) {
+    if (y.dtype() == DataType::kFloat64) {
+        SumPartialsKernel<double><<<1, 1024, 0, s>>>(partial, count, y.data<double>());
+    } else {
+        SumPartialsKernel<float><<<1, 1024, 0, s>>>(partial, count, y.data<float>());
+    }
+}
+
 }  // namespace infinitrain::gpu
