@@ -363,10 +363,16 @@ def test_save_pretrained_round_trips(kind, tmp_path):
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "llama_tied"])
 def test_hf_checkpoints_convert_to_llmc_files(kind, tmp_path):
     g = rng()
-    write_hf(tmp_path / "hf", CONFIGS[kind], hf_tensors(kind, g))
+    cfg = dict(CONFIGS[kind])
+    if "rms_norm_eps" in cfg:
+        # llm.c headers hold float32 and the norm kernels add eps in float64: only a float32 eps survives exactly.
+        cfg["rms_norm_eps"] = float(np.float32(cfg["rms_norm_eps"]))
+    write_hf(tmp_path / "hf", cfg, hf_tensors(kind, g))
     model = CLASSES[kind].from_pretrained(tmp_path / "hf", DEVICE)
     model.save_llmc(tmp_path / "m.bin")
     back = CLASSES[kind].from_llmc(tmp_path / "m.bin", DEVICE)
+    if kind != "gpt2":
+        assert back.config.norm_eps == model.config.norm_eps
     idx = it.from_numpy(ids(g, kind), device=DEVICE)
     np.testing.assert_array_equal(back(idx)[0].numpy(), model(idx)[0].numpy())
     if kind == "llama":  # intermediate_size 40 survives the llm.c header's (ffn_dim_multiplier, multiple_of)
