@@ -167,6 +167,54 @@ void ProductXYt(bool sb, bool serial, const T* x, const C* xc, const T* y, const
     }
 }
 
+// The row loops below are built for AVX-512 and AVX2 besides the baseline (fastmath.h), without contraction into
+// FMAs, so every build computes the same values.
+
+// Softmax of one row of scores in place: exp(s - max) / sum over [0, n), zeros over [n, len); returns the
+// log-sum-exp. The denominator is summed in double.
+template <typename C>
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) C SoftmaxRow(C* row, int64_t n, int64_t len) {
+    C mx = -INFINITY;
+    // A compare, not std::fmax (a libm call per element here); NaN is skipped either way.
+#pragma omp simd reduction(max : mx)
+    for (int64_t s = 0; s < n; ++s) {
+        mx = row[s] > mx ? row[s] : mx;
+    }
+    // Two loops: exp in the compute type, then the sum in double (mixed widths in one loop do not vectorise).
+#pragma omp simd
+    for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - mx);
+    double sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t s = 0; s < n; ++s) sum += row[s];
+    C inv = static_cast<C>(1.0 / sum);
+#pragma omp simd
+    for (int64_t s = 0; s < n; ++s) row[s] *= inv;
+    for (int64_t s = n; s < len; ++s) row[s] = C(0);
+    return static_cast<C>(mx + std::log(sum));
+}
+
+// Probabilities of one row recomputed from its scores and log-sum-exp l: exp(s - l) over [0, n), zeros after.
+template <typename C>
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void ProbsRow(C* row, int64_t n, int64_t len,
+                                                                                   C l) {
+#pragma omp simd
+    for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - l);
+    for (int64_t s = n; s < len; ++s) row[s] = C(0);
+}
+
+// dS = P * (dP - rowsum(dO * out)) over [0, n) of one row, in place in dp; the row sum in double.
+template <typename C, typename T>
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void ScoreGradRow(const C* p, C* dp, int64_t n,
+                                                                                       const C* go, const T* o,
+                                                                                       int64_t D) {
+    double di = 0;
+#pragma omp simd reduction(+ : di)
+    for (int64_t e = 0; e < D; ++e) di += static_cast<double>(go[e]) * static_cast<double>(Load(o + e));
+    C dc = static_cast<C>(di);
+#pragma omp simd
+    for (int64_t s = 0; s < n; ++s) dp[s] = p[s] * (dp[s] - dc);
+}
+
 // Causal attention by blocks of query rows: rows [t0, t1) see keys [0, t1) only, so the products skip the
 // masked upper triangle (about half the work). Used when heads run one per thread (or on one thread), since
 // these products are single-threaded.
@@ -219,25 +267,7 @@ void SdpaForward(KernelContext& ctx) {
         } else {
             ProductXYt(sb, false, qh, qc, kh, kc, 0, d.T, d.S, d.D, scale, sc, d.S);
         }
-        for (int64_t t = 0; t < d.T; ++t) {
-            C* row = sc + t * d.S;
-            int64_t n = causal ? t + 1 : d.S;
-            C mx = -INFINITY;
-            // A compare, not std::fmax (a libm call per element here); NaN is skipped either way.
-#pragma omp simd reduction(max : mx)
-            for (int64_t s = 0; s < n; ++s) mx = row[s] > mx ? row[s] : mx;
-                // Two loops: exp in the compute type, then the denominator in double (mixed widths in one loop
-                // do not vectorise).
-#pragma omp simd
-            for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - mx);
-            double sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t s = 0; s < n; ++s) sum += row[s];
-            C inv = static_cast<C>(1.0 / sum);
-            for (int64_t s = 0; s < n; ++s) row[s] *= inv;
-            for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
-            lh[t] = static_cast<C>(mx + std::log(sum));
-        }
+        for (int64_t t = 0; t < d.T; ++t) lh[t] = SoftmaxRow(sc + t * d.S, causal ? t + 1 : d.S, d.S);
         C* dst = kWiden ? ob : reinterpret_cast<C*>(oh);
         if (blocked) {
             for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {
@@ -339,14 +369,7 @@ void SdpaBackward(KernelContext& ctx) {
             } else {
                 ProductXYt(sb, false, qh, qc, kh, kc, 0, d.T, d.S, d.D, scale, P, d.S);
             }
-            for (int64_t t = 0; t < d.T; ++t) {
-                C* row = P + t * d.S;
-                int64_t n = causal ? t + 1 : d.S;
-                const C l = lh[t];
-#pragma omp simd
-                for (int64_t s = 0; s < n; ++s) row[s] = Exp(row[s] - l);
-                for (int64_t s = n; s < d.S; ++s) row[s] = C(0);
-            }
+            for (int64_t t = 0; t < d.T; ++t) ProbsRow(P + t * d.S, causal ? t + 1 : d.S, d.S, lh[t]);
             if (blocked) {
                 for (int64_t t0 = 0; t0 < d.T; t0 += kCausalBlock) {  // dv += P^T dO, dP = dO v^T
                     int64_t t1 = std::min(d.T, t0 + kCausalBlock);
@@ -359,13 +382,9 @@ void SdpaBackward(KernelContext& ctx) {
                 ProductXYt(sb, false, doh, gc, vh, vc, 0, d.T, d.S, d.D, C(1), dP, d.S);  // dP = dO v^T
             }
             for (int64_t t = 0; t < d.T; ++t) {
-                double di = 0;  // rowsum(dO * out) in double
-                for (int64_t e = 0; e < d.D; ++e) di += static_cast<double>(gc[t * d.D + e]) * Load(oh + t * d.D + e);
-                C dc = static_cast<C>(di);
-                C *pr = P + t * d.S, *dr = dP + t * d.S;
                 // Masked P is 0, so dS is too; blocked, dP is written (and later read) up to the row block's end.
                 int64_t n = blocked ? std::min(d.T, (t / kCausalBlock + 1) * kCausalBlock) : d.S;
-                for (int64_t s = 0; s < n; ++s) dr[s] = pr[s] * (dr[s] - dc);
+                ScoreGradRow(P + t * d.S, dP + t * d.S, n, gc + t * d.D, oh + t * d.D, d.D);
             }
             C* dqdst = kWiden ? dqb : reinterpret_cast<C*>(dqp + bh * td);
             if (blocked) {
