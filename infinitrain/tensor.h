@@ -32,6 +32,8 @@ public:
     size_t nbytes() const { return nbytes_; }
     const Device& device() const { return device_; }
     bool pinned() const { return pinned_; }
+    // Allocated here (not wrapping memory owned elsewhere).
+    bool owns_memory() const { return block_ != nullptr; }
     // Work on `stream` uses this memory: when freed, it waits for that work (stream-ordered reuse).
     void RecordStream(const Stream& stream) {
         // Streams compare with their device: a pinned block belongs to the cpu stream, whose null handle is every
@@ -79,6 +81,12 @@ public:
     // Same storage, new shape (one entry may be -1). Raises on a numel mismatch.
     Tensor Reshape(const Shape& shape) const;
     bool is_pinned() const { return storage_->pinned(); }
+    // The only handle on memory allocated for it alone: no other tensor (no view) shares the storage, and the
+    // tensor spans all of it. Autograd hands such a gradient to a leaf's .grad without a copy.
+    bool SoleOwner() const {
+        return storage_ && storage_.use_count() == 1 && storage_->owns_memory() && offset_ == 0 &&
+               nbytes() == storage_->nbytes();
+    }
     // A copy on `device` (the same device too). Copies run on the current stream of the device involved.
     // non_blocking lets the host go on before the copy finished: to a device from pinned memory, and from a
     // device into pinned memory (the result is then pinned; synchronise before reading it). Otherwise a copy

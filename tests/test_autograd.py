@@ -341,3 +341,51 @@ def test_split_gradients_join_in_one_concat():
         ops = prof.summary()
         assert "slice_backward" not in ops, ops
         assert ops.get("concat", {}).get("calls") == 1, ops
+
+
+def _span(t):
+    return t._t.data_ptr, t._t.data_ptr + t._t.nbytes
+
+
+def _disjoint(a, b):
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a1 <= b0 or b1 <= a0
+
+
+def test_leaf_gradients_never_share_memory():
+    """A gradient referenced from elsewhere is copied into .grad; one that nothing else holds is handed over."""
+    a, b = randn(3, 4), randn(3, 4)
+    # add hands the same gradient to both inputs; reshape's is a view of it.
+    for make in (lambda x, y: x + y, lambda x, y: x.reshape(2, 6).reshape(3, 4) + y, lambda x, y: x * 1.0 + y):
+        x, y = _t(a), _t(b)
+        make(x, y).sum().backward()
+        assert _disjoint(x.grad, y.grad)
+        x.grad.fill_(5.0)
+        np.testing.assert_array_equal(y.grad.numpy(), np.ones((3, 4)))
+    # A hook that keeps the gradient it saw: .grad is a copy of it.
+    x, kept = _t(a), []
+    x.register_hook(lambda g: kept.append(g))
+    (x * 3.0).sum().backward()
+    assert _disjoint(x.grad, kept[0])
+    # The gradient a caller passes to backward stays the caller's.
+    x, g = _t(a), _t(b, requires_grad=False)
+    x.backward(g)
+    assert _disjoint(x.grad, g)
+    x.grad.fill_(0.0)
+    np.testing.assert_array_equal(g.numpy(), b)
+
+
+def test_leaf_gradients_are_handed_over_without_a_copy():
+    g = rng()
+    x, w = _t(g.standard_normal((5, 3))), _t(g.standard_normal((4, 3)))
+    bias = _t(g.standard_normal(4))
+    loss = F.linear(x, w, bias).sum()
+    with it.profiler.profile() as prof:
+        loss.backward()
+    # Every leaf's gradient comes straight from the op that computed it: no copy ("cast") runs.
+    assert [r.op for r in prof.records if r.op == "cast"] == []
+    np.testing.assert_allclose(w.grad.numpy(), np.tile(x.numpy().sum(0), (4, 1)), rtol=1e-12)
+    np.testing.assert_allclose(bias.grad.numpy(), np.full(4, 5.0), rtol=1e-12)
+    # Accumulating into a handed-over gradient leaves the op results it came from intact.
+    F.linear(x, w, bias).sum().backward()
+    np.testing.assert_allclose(bias.grad.numpy(), np.full(4, 10.0), rtol=1e-12)

@@ -114,6 +114,7 @@ void BindTensors(py::module_& m) {
         .def_property_readonly("version", [](const Tensor& t) { return t.storage()->version(); })
         .def_property_readonly("nbytes", &Tensor::nbytes)
         .def_property_readonly("is_pinned", &Tensor::is_pinned)
+        .def_property_readonly("sole_owner", &Tensor::SoleOwner)
         // The raw address (a device address for device tensors): for tests and interop.
         .def_property_readonly("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()); })
         .def("reshape", &Tensor::Reshape)

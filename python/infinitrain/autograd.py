@@ -6,6 +6,7 @@ backward() walks the graph in reverse topological order, summing gradients
 that meet, running tensor hooks, and accumulating into leaves' .grad.
 """
 
+import sys
 import threading
 
 _state = threading.local()
@@ -117,6 +118,12 @@ def current_backward():
     return getattr(_state, "callbacks", None)
 
 
+# A gradient that nothing else references becomes a leaf's .grad as it is, without a copy (as PyTorch's
+# AccumulateGrad steals one). The count of Python references is exact on CPython before 3.14 (later versions
+# may skip counting references the interpreter holds); elsewhere every gradient is copied.
+_STEAL = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+
+
 def _run(root, grads, retain_graph):
     for t in _toposort(root):
         g = grads.pop(id(t), None)
@@ -133,7 +140,9 @@ def _run(root, grads, retain_graph):
                 g = r
         node = t._node
         if node is None:
-            t._accumulate_grad(g)
+            # References to g: this frame's and getrefcount's own; to its native tensor: g's and getrefcount's.
+            sole = _STEAL and sys.getrefcount(g) == 2 and sys.getrefcount(g._t) == 2 and g._t.sole_owner
+            t._accumulate_grad(g, sole)
             for hook in t._post_hooks or ():
                 hook(t)
             continue
@@ -153,6 +162,7 @@ def _run(root, grads, retain_graph):
                 pg = pg.to(p.dtype)
             prev = grads.get(id(p))
             grads[id(p)] = pg if prev is None else prev + pg
+        in_grads = pg = prev = None  # no stray references: a leaf's gradient is handed over when it has no others
         if not retain_graph:
             # Drop the inputs (and the activations the closure holds) so the graph can be freed.
             t._node = Node(_freed, (), node.name)

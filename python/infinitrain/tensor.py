@@ -165,10 +165,11 @@ class Tensor:
     def retain_grad(self):
         self._retains_grad = True
 
-    def _accumulate_grad(self, g):
+    def _accumulate_grad(self, g, sole=False):
+        """sole: nothing else references g or its memory, so it can become .grad itself. Otherwise a copy: backward
+        may hand the same gradient tensor to several inputs."""
         if self.grad is None:
-            # A copy: backward may hand the same gradient tensor to several inputs.
-            self.grad = Tensor(dispatch.call("cast", [g], [g.dtype])[0])
+            self.grad = g if sole else Tensor(dispatch.call("cast", [g], [g.dtype])[0])
         else:
             dispatch.call("axpy_", [self.grad, g], [1.0])
 

@@ -231,6 +231,14 @@ MUTANTS = [
         "AdamW hands foreach_adamw_ the second moments in place of the first",
         NN,
     ),
+    Mutant(
+        "P26",
+        "python/infinitrain/autograd.py",
+        "sole = _STEAL and sys.getrefcount(g) == 2 and",
+        "sole = _STEAL and",
+        "autograd hands a gradient that other inputs share to a leaf's .grad without copying it",
+        ("tests/test_autograd.py",),
+    ),
     # ---- kernels ----
     Mutant(
         "K1",
@@ -297,8 +305,8 @@ MUTANTS = [
     Mutant(
         "K8",
         ATTN,
-        "int64_t n = causal ? t + 1 : d.S;\n                const C l = lh[t];",
-        "int64_t n = d.S;\n                const C l = lh[t];",
+        "ProbsRow(P + t * d.S, causal ? t + 1 : d.S, d.S, lh[t]);",
+        "ProbsRow(P + t * d.S, d.S, d.S, lh[t]);",
         "sdpa backward ignores the causal mask",
         ops("attention"),
     ),
