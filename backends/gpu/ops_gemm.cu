@@ -9,6 +9,7 @@
 
 #include "backends/gpu/context.h"
 #include "backends/gpu/gemm.cuh"
+#include "backends/gpu/gemm.h"
 #include "infinitrain/provider.h"
 
 namespace infinitrain::gpu {
@@ -89,7 +90,9 @@ void Matmul(KernelContext& ctx) {
     });
 }
 
-void Linear(KernelContext& ctx) {
+}  // namespace
+
+void PortableLinear(KernelContext& ctx) {
     const Tensor &x = ctx.in[0], &w = ctx.in[1], &out = ctx.out[0];
     const Tensor* bias = ctx.in.size() == 3 ? &ctx.in[2] : nullptr;
     const int64_t in_f = w.size(1), out_f = w.size(0);
@@ -110,9 +113,7 @@ void Linear(KernelContext& ctx) {
     });
 }
 
-}  // namespace
-
 REGISTER_PROVIDER_KERNEL(kProviderName, "matmul", Matmul);
-REGISTER_PROVIDER_KERNEL(kProviderName, "linear", Linear);
+REGISTER_PROVIDER_KERNEL(kProviderName, "linear", PortableLinear);
 
 }  // namespace infinitrain::gpu

@@ -1,0 +1,181 @@
+// linear through cuBLASLt: out[R, O] = x[R, I] @ w[O, I]^T + bias[O], the bias added in the GEMM's epilogue
+// (CUBLASLT_EPILOGUE_BIAS, in float32 before the one rounding into out) where the portable kernel writes the bias
+// rows into out and reads them back in a beta = 1 GEMM: two passes over out saved per call.
+//
+// Layout: row-major x, w and out are column-major x^T [I, R], w^T [I, O] and out^T [O, R], so the column-major
+// product is out^T = (w^T)^T @ x^T with A = w (transposed), B = x, and the bias runs along out^T's rows.
+// Precision: bfloat16, float16 and float32 operands accumulate in float32 (TF32 only under INFINITRAIN_CUDA_TF32=1),
+// split-K partial sums in float32 (no in-place or output-type reductions). float64 and the shapes cuBLASLt
+// declines run the portable kernel.
+//
+// INFINITRAIN_CUDA_LINEAR=lt selects this path; the default, portable, keeps the cuBLAS path until this one has
+// been checked on a GPU. Per thread and device: one cuBLASLt handle; per shape, dtype and operand alignment: the
+// layouts and the heuristic's algorithm, kept for the thread's life. The workspace comes from the caching
+// allocator on the op's stream.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "backends/cuda/vendor_cuda.h"
+#include "backends/gpu/gemm.h"
+#include "infinitrain/provider.h"
+#include "infinitrain/runtime.h"
+
+namespace infinitrain::gpu {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+bool LtEnabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("INFINITRAIN_CUDA_LINEAR");
+        if (!e || !*e || std::strcmp(e, "portable") == 0) return false;
+        if (std::strcmp(e, "lt") == 0) return true;
+        throw std::invalid_argument(std::string("INFINITRAIN_CUDA_LINEAR='") + e +
+                                    "': expected 'portable' (the default) or 'lt'");
+    }();
+    return on;
+}
+
+cublasLtHandle_t LtHandle(int device) {
+    thread_local std::map<int, cublasLtHandle_t> handles;  // kept for the thread's life
+    cublasLtHandle_t& h = handles[device];
+    if (!h) CheckBlas(cublasLtCreate(&h), "cublasLtCreate");
+    return h;
+}
+
+// The largest power of two up to 256 that divides the address: cuBLASLt's kernels need aligned operands.
+uint32_t Alignment(const void* p) {
+    auto a = reinterpret_cast<uintptr_t>(p);
+    uintptr_t low = a & (~a + 1);
+    return a == 0 || low > 256 ? 256 : static_cast<uint32_t>(low);
+}
+
+struct Key {
+    int device;
+    DataType dtype;
+    int64_t rows, in_f, out_f;
+    bool bias;
+    uint32_t align_x, align_w, align_out, align_bias;
+    auto tie() const {
+        return std::tie(device, dtype, rows, in_f, out_f, bias, align_x, align_w, align_out, align_bias);
+    }
+    bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+// One descriptor set per key. The bias pointer is set on the descriptor before each call.
+struct Plan {
+    bool ok = false;  // false: cuBLASLt declined the case
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    size_t workspace = 0;
+};
+
+cudaDataType_t CudaType(DataType t) {
+    return t == DataType::kBFloat16 ? CUDA_R_16BF : (t == DataType::kFloat16 ? CUDA_R_16F : CUDA_R_32F);
+}
+
+Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
+    Plan p;
+    const cudaDataType_t t = CudaType(k.dtype);
+    const cublasComputeType_t compute =
+        k.dtype == DataType::kFloat32 && Tf32Enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    CheckBlas(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA");
+    CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB");
+    if (k.bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const int32_t bias_type = t;
+        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
+        CheckBlas(
+            cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+            "BIAS_DATA_TYPE");
+        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                  "BIAS_POINTER");
+    }
+    CheckBlas(cublasLtMatrixLayoutCreate(&p.a, t, k.in_f, k.out_f, k.in_f), "cublasLtMatrixLayoutCreate");
+    CheckBlas(cublasLtMatrixLayoutCreate(&p.b, t, k.in_f, k.rows, k.in_f), "cublasLtMatrixLayoutCreate");
+    CheckBlas(cublasLtMatrixLayoutCreate(&p.c, t, k.out_f, k.rows, k.out_f), "cublasLtMatrixLayoutCreate");
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    CheckBlas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        uint32_t value;
+    } prefs[] = {{CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_w},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_x},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_out},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_out}};
+    for (const auto& pr : prefs) {
+        CheckBlas(cublasLtMatmulPreferenceSetAttribute(pref, pr.attr, &pr.value, sizeof pr.value),
+                  "cublasLtMatmulPreferenceSetAttribute");
+    }
+    const uint64_t ws = kWorkspaceBytes;
+    CheckBlas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+              "cublasLtMatmulPreferenceSetAttribute");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+        p.ok = true;
+        p.algo = result.algo;
+        p.workspace = result.workspaceSize;
+    }
+    return p;
+}
+
+void LinearLt(KernelContext& ctx) {
+    const Tensor &x = ctx.in[0], &w = ctx.in[1], &out = ctx.out[0];
+    const Tensor* bias = ctx.in.size() == 3 ? &ctx.in[2] : nullptr;
+    const DataType dt = x.dtype();
+    const int64_t in_f = w.size(1), out_f = w.size(0), rows = in_f ? x.numel() / in_f : 0;
+    if (!LtEnabled() || dt == DataType::kFloat64 || out.numel() == 0 || in_f == 0 || rows > INT32_MAX ||
+        in_f > INT32_MAX || out_f > INT32_MAX) {
+        return PortableLinear(ctx);
+    }
+    const void* bp = bias ? bias->data() : nullptr;
+    const Key key{ctx.device.index,
+                  dt,
+                  rows,
+                  in_f,
+                  out_f,
+                  bias != nullptr,
+                  Alignment(x.data()),
+                  Alignment(w.data()),
+                  Alignment(out.data()),
+                  bias ? Alignment(bp) : 256u};
+    cublasLtHandle_t h = LtHandle(ctx.device.index);
+    thread_local std::map<Key, Plan> plans;
+    auto it = plans.find(key);
+    if (it == plans.end()) it = plans.emplace(key, Build(key, h, bp)).first;
+    const Plan& p = it->second;
+    if (!p.ok) return PortableLinear(ctx);
+    if (bias) {
+        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp),
+                  "BIAS_POINTER");
+    }
+    Tensor workspace =
+        Tensor::Empty({static_cast<int64_t>(std::max<size_t>(p.workspace, 1))}, DataType::kUInt8, ctx.device);
+    const float alpha = 1.0f, beta = 0.0f;
+    CheckBlas(cublasLtMatmul(h, p.desc, &alpha, w.data(), p.a, x.data(), p.b, &beta, out.data(), p.c, out.data(), p.c,
+                             &p.algo, workspace.data(), p.workspace, static_cast<cudaStream_t>(ctx.stream.handle())),
+              "cublasLtMatmul");
+}
+
+}  // namespace
+
+REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "linear", LinearLt);
+
+}  // namespace infinitrain::gpu
