@@ -235,13 +235,28 @@ void ArgmaxKernel(KernelContext& c) {
 constexpr int64_t kSquaresChunk = 1 << 14;
 
 template <typename T>
-double SumSquaresRange(const T* x, int64_t b, int64_t e) {
-    double s = 0.0;
-    for (int64_t i = b; i < e; ++i) {
-        double v = LoadD(x + i);
-        s += v * v;
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) double SumSquaresRange(const T* x, int64_t b,
+                                                                                            int64_t e) {
+    // 16 running sums, element i into sum (i - b) % 16, combined in a fixed order: one running sum made the loop
+    // wait on each add, and the lanes are explicit so that every build (SSE2, AVX2, AVX-512) gives the same bits.
+    constexpr int kLanes = 16;
+    double s[kLanes] = {};
+    int64_t i = b;
+    for (; i + kLanes <= e; i += kLanes) {
+#pragma omp simd
+        for (int j = 0; j < kLanes; ++j) {
+            double v = LoadD(x + i + j);
+            s[j] += v * v;
+        }
     }
-    return s;
+    for (int j = 0; i < e; ++i, ++j) {
+        double v = LoadD(x + i);
+        s[j] += v * v;
+    }
+    for (int w = kLanes / 2; w > 0; w /= 2) {
+        for (int j = 0; j < w; ++j) s[j] += s[j + w];
+    }
+    return s[0];
 }
 
 void StoreSumSquares(const std::vector<double>& part, Tensor& y) {
