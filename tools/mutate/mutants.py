@@ -372,8 +372,8 @@ MUTANTS = [
     Mutant(
         "K17",
         REDUCE,
-        "s += v * v;",
-        "s += static_cast<float>(v * v);",
+        "double v = LoadD(x + i + j);\n            s[j] += v * v;",
+        "double v = LoadD(x + i + j);\n            s[j] += static_cast<float>(v * v);",
         "sum_squares rounds each square to float32",
         ops("reduce"),
     ),
