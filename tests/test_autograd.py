@@ -362,11 +362,24 @@ def test_leaf_gradients_never_share_memory():
         assert _disjoint(x.grad, y.grad)
         x.grad.fill_(5.0)
         np.testing.assert_array_equal(y.grad.numpy(), np.ones((3, 4)))
-    # A hook that keeps the gradient it saw: .grad is a copy of it.
-    x, kept = _t(a), []
-    x.register_hook(lambda g: kept.append(g))
-    (x * 3.0).sum().backward()
-    assert _disjoint(x.grad, kept[0])
+    # A hook that keeps the gradient it saw, or another wrapper of it: .grad is a copy.
+    for keep in (lambda g: g, lambda g: g.detach()):
+        x, kept = _t(a), []
+        x.register_hook(lambda g, keep=keep, kept=kept: kept.append(keep(g)))
+        (x * 3.0).sum().backward()
+        assert _disjoint(x.grad, kept[0])
+    # A hook's result that carries a graph: .grad holds the values only.
+    x, z = _t(a), _t(b)
+
+    def with_graph(g):
+        with it.enable_grad():
+            return g * z
+
+    x.register_hook(with_graph)
+    x.register_hook(lambda g: None)
+    (x * 1.0).sum().backward()
+    assert not x.grad.requires_grad and x.grad._node is None
+    np.testing.assert_allclose(x.grad.numpy(), b, rtol=1e-12)
     # The gradient a caller passes to backward stays the caller's.
     x, g = _t(a), _t(b, requires_grad=False)
     x.backward(g)

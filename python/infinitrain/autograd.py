@@ -118,10 +118,21 @@ def current_backward():
     return getattr(_state, "callbacks", None)
 
 
-# A gradient that nothing else references becomes a leaf's .grad as it is, without a copy (as PyTorch's
-# AccumulateGrad steals one). The count of Python references is exact on CPython before 3.14 (later versions
-# may skip counting references the interpreter holds); elsewhere every gradient is copied.
-_STEAL = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
+def _counts_locals():
+    """Whether sys.getrefcount sees a local's reference: so on CPython before 3.14 (later versions may borrow
+    references the interpreter holds, and a count of 2 would then mean another holder)."""
+    probe = object()
+    return sys.getrefcount(probe) == 2
+
+
+# A gradient that nothing else references becomes a leaf's .grad without a copy of its memory (as PyTorch's
+# AccumulateGrad steals one); elsewhere every gradient is copied.
+_STEAL = (
+    sys.implementation.name == "cpython"
+    and sys.version_info < (3, 14)
+    and getattr(sys, "_is_gil_enabled", lambda: True)()
+    and _counts_locals()
+)
 
 
 def _run(root, grads, retain_graph):
@@ -138,9 +149,11 @@ def _run(root, grads, retain_graph):
                         f"{g.dtype}{list(g.shape)} on {g.device}"
                     )
                 g = r
+        r = hook = None  # a hook's result must not count as another holder of a later gradient
         node = t._node
         if node is None:
-            # References to g: this frame's and getrefcount's own; to its native tensor: g's and getrefcount's.
+            # References to g: this frame's and getrefcount's own; to its native tensor: g's and getrefcount's
+            # (another wrapper of it, such as a kept g.detach(), is a third).
             sole = _STEAL and sys.getrefcount(g) == 2 and sys.getrefcount(g._t) == 2 and g._t.sole_owner
             t._accumulate_grad(g, sole)
             for hook in t._post_hooks or ():

@@ -166,10 +166,10 @@ class Tensor:
         self._retains_grad = True
 
     def _accumulate_grad(self, g, sole=False):
-        """sole: nothing else references g or its memory, so it can become .grad itself. Otherwise a copy: backward
-        may hand the same gradient tensor to several inputs."""
+        """sole: nothing else references g or its memory, so its memory can become .grad (in a fresh wrapper, without
+        g's graph state). Otherwise a copy: backward may hand the same gradient tensor to several inputs."""
         if self.grad is None:
-            self.grad = g if sole else Tensor(dispatch.call("cast", [g], [g.dtype])[0])
+            self.grad = Tensor(g._t if sole else dispatch.call("cast", [g], [g.dtype])[0])
         else:
             dispatch.call("axpy_", [self.grad, g], [1.0])
 

@@ -239,6 +239,14 @@ MUTANTS = [
         "autograd hands a gradient that other inputs share to a leaf's .grad without copying it",
         ("tests/test_autograd.py",),
     ),
+    Mutant(
+        "P27",
+        "python/infinitrain/autograd.py",
+        "sys.getrefcount(g) == 2 and sys.getrefcount(g._t) == 2 and",
+        "sys.getrefcount(g) == 2 and",
+        "autograd hands a leaf a gradient whose native tensor another wrapper still holds",
+        ("tests/test_autograd.py",),
+    ),
     # ---- kernels ----
     Mutant(
         "K1",
