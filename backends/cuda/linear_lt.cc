@@ -12,16 +12,21 @@
 // been checked on a GPU. Per thread and device: one cuBLASLt handle; per shape, dtype and operand alignment: the
 // layouts and the heuristic's algorithm, kept for the thread's life. The workspace comes from the caching
 // allocator on the op's stream.
+#include "backends/cuda/linear_lt.h"
+
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "backends/cuda/vendor_cuda.h"
 #include "backends/gpu/gemm.h"
@@ -70,14 +75,35 @@ struct Key {
     bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
+std::atomic<uint64_t> lt_calls{0};
+
+struct DescFree {
+    void operator()(cublasLtMatmulDesc_t d) const { cublasLtMatmulDescDestroy(d); }
+};
+struct LayoutFree {
+    void operator()(cublasLtMatrixLayout_t l) const { cublasLtMatrixLayoutDestroy(l); }
+};
+struct PrefFree {
+    void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
+};
+using Desc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, DescFree>;
+using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutFree>;
+using Pref = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PrefFree>;
+
 // One descriptor set per key. The bias pointer is set on the descriptor before each call.
 struct Plan {
-    bool ok = false;  // false: cuBLASLt declined the case
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    bool ok = false;  // false: cuBLASLt has no algorithm for the case
+    Desc desc;
+    Layout a, b, c;
     cublasLtMatmulAlgo_t algo{};
     size_t workspace = 0;
 };
+
+Layout MakeLayout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
+    cublasLtMatrixLayout_t l = nullptr;
+    CheckBlas(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+    return Layout(l);
+}
 
 cudaDataType_t CudaType(DataType t) {
     return t == DataType::kBFloat16 ? CUDA_R_16BF : (t == DataType::kFloat16 ? CUDA_R_16F : CUDA_R_32F);
@@ -88,27 +114,30 @@ Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
     const cudaDataType_t t = CudaType(k.dtype);
     const cublasComputeType_t compute =
         k.dtype == DataType::kFloat32 && Tf32Enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    CheckBlas(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    cublasLtMatmulDesc_t d = nullptr;
+    CheckBlas(cublasLtMatmulDescCreate(&d, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    p.desc.reset(d);
     const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA");
-    CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB");
+    CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA");
+    CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB");
     if (k.bias) {
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         const int32_t bias_type = t;
-        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
-        CheckBlas(
-            cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
-            "BIAS_DATA_TYPE");
-        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+        CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
+        CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+                  "BIAS_DATA_TYPE");
+        CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                   "BIAS_POINTER");
     }
-    CheckBlas(cublasLtMatrixLayoutCreate(&p.a, t, k.in_f, k.out_f, k.in_f), "cublasLtMatrixLayoutCreate");
-    CheckBlas(cublasLtMatrixLayoutCreate(&p.b, t, k.in_f, k.rows, k.in_f), "cublasLtMatrixLayoutCreate");
-    CheckBlas(cublasLtMatrixLayoutCreate(&p.c, t, k.out_f, k.rows, k.out_f), "cublasLtMatrixLayoutCreate");
+    p.a = MakeLayout(t, k.in_f, k.out_f, k.in_f);
+    p.b = MakeLayout(t, k.in_f, k.rows, k.in_f);
+    p.c = MakeLayout(t, k.out_f, k.rows, k.out_f);
 
-    cublasLtMatmulPreference_t pref = nullptr;
-    CheckBlas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulPreference_t pr = nullptr;
+    CheckBlas(cublasLtMatmulPreferenceCreate(&pr), "cublasLtMatmulPreferenceCreate");
+    Pref pref(pr);
+    // Split-K only with float32 partial sums: no in-place or output-type reductions.
+    const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     const struct {
         cublasLtMatmulPreferenceAttributes_t attr;
         uint32_t value;
@@ -117,22 +146,23 @@ Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_x},
                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_out},
                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_out}};
-    for (const auto& pr : prefs) {
-        CheckBlas(cublasLtMatmulPreferenceSetAttribute(pref, pr.attr, &pr.value, sizeof pr.value),
+    for (const auto& e : prefs) {
+        CheckBlas(cublasLtMatmulPreferenceSetAttribute(pr, e.attr, &e.value, sizeof e.value),
                   "cublasLtMatmulPreferenceSetAttribute");
     }
     const uint64_t ws = kWorkspaceBytes;
-    CheckBlas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+    CheckBlas(cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
               "cublasLtMatmulPreferenceSetAttribute");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
-        p.ok = true;
-        p.algo = result.algo;
-        p.workspace = result.workspaceSize;
-    }
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(h, d, p.a.get(), p.b.get(), p.c.get(), p.c.get(), pr, 1, &result, &found);
+    // No algorithm for the case: the portable kernel runs it. Any other failure is an error in this file.
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return p;
+    CheckBlas(st, "cublasLtMatmulAlgoGetHeuristic");
+    p.ok = true;
+    p.algo = result.algo;
+    p.workspace = result.workspaceSize;
     return p;
 }
 
@@ -163,18 +193,22 @@ void LinearLt(KernelContext& ctx) {
     const Plan& p = it->second;
     if (!p.ok) return PortableLinear(ctx);
     if (bias) {
-        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp),
+        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp),
                   "BIAS_POINTER");
     }
-    Tensor workspace =
-        Tensor::Empty({static_cast<int64_t>(std::max<size_t>(p.workspace, 1))}, DataType::kUInt8, ctx.device);
+    Tensor workspace;
+    if (p.workspace) workspace = Tensor::Empty({static_cast<int64_t>(p.workspace)}, DataType::kUInt8, ctx.device);
     const float alpha = 1.0f, beta = 0.0f;
-    CheckBlas(cublasLtMatmul(h, p.desc, &alpha, w.data(), p.a, x.data(), p.b, &beta, out.data(), p.c, out.data(), p.c,
-                             &p.algo, workspace.data(), p.workspace, static_cast<cudaStream_t>(ctx.stream.handle())),
+    CheckBlas(cublasLtMatmul(h, p.desc.get(), &alpha, w.data(), p.a.get(), x.data(), p.b.get(), &beta, out.data(),
+                             p.c.get(), out.data(), p.c.get(), &p.algo, p.workspace ? workspace.data() : nullptr,
+                             p.workspace, static_cast<cudaStream_t>(ctx.stream.handle())),
               "cublasLtMatmul");
+    lt_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
+
+uint64_t LtLinearCalls() { return lt_calls.load(std::memory_order_relaxed); }
 
 REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "linear", LinearLt);
 

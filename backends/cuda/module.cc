@@ -4,9 +4,12 @@
 #include <pybind11/pybind11.h>
 
 #include "backends/cuda/cuda.h"
+#include "backends/cuda/linear_lt.h"
 
 PYBIND11_MODULE(infinitrain_cuda, m) {
     m.doc() = "infinitrain cuda provider: NVIDIA GPUs through CUDA, cuBLAS, cuDNN and NCCL";
     m.def("register_backend", &infinitrain::cuda::RegisterBackend,
           "Claims the PrivateUse1 slot for 'cuda' (idempotent).");
+    m.def("lt_linear_calls", &infinitrain::gpu::LtLinearCalls,
+          "How many linear calls ran on cuBLASLt (INFINITRAIN_CUDA_LINEAR=lt) rather than the portable kernel.");
 }
