@@ -4,6 +4,8 @@ These ops only move elements, so results must match the NumPy reference exactly,
 in every dtype the schema allows ("all" for all but tril/triu).
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -124,7 +126,9 @@ def test_slice_backward_is_adjoint(dtype):
     g = randn(*y.shape)
     (dx,) = run("slice_backward", [to_device(g, dtype)], [shape, 1, -7, 8, 3])
     x, g = round_to(x, dtype), round_to(g, dtype)
-    np.testing.assert_allclose(np.sum(y.numpy() * g), np.sum(x * dx.numpy()), rtol=1e-12)
+    # Both sides hold the same products (and zeros): fsum's exact sums are equal, where np.sum's pairwise order
+    # differs between the 40 and 180 terms and a sum near 0 broke rtol=1e-12 about 1 run in 10^4.
+    assert math.fsum((y.numpy() * g).ravel()) == math.fsum((x * dx.numpy()).ravel())
 
 
 def test_slice_bad_input():
