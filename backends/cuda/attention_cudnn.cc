@@ -11,8 +11,6 @@
 // before P @ V, so results err by about 2^-8 of |V| against float64.
 #include <cudnn_frontend.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,13 +32,7 @@ namespace fe = cudnn_frontend;
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
 bool PortableOnly() {
-    static const bool on = [] {
-        const char* e = std::getenv("INFINITRAIN_CUDA_ATTENTION");
-        if (!e || !*e || std::strcmp(e, "cudnn") == 0) return false;
-        if (std::strcmp(e, "portable") == 0) return true;
-        throw std::invalid_argument(std::string("INFINITRAIN_CUDA_ATTENTION='") + e +
-                                    "': expected 'cudnn' (the default) or 'portable'");
-    }();
+    static const bool on = EnvSwitch("INFINITRAIN_CUDA_ATTENTION", "cudnn", "portable");
     return on;
 }
 

@@ -19,12 +19,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
-#include <stdexcept>
-#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -39,13 +35,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 bool LtEnabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("INFINITRAIN_CUDA_LINEAR");
-        if (!e || !*e || std::strcmp(e, "portable") == 0) return false;
-        if (std::strcmp(e, "lt") == 0) return true;
-        throw std::invalid_argument(std::string("INFINITRAIN_CUDA_LINEAR='") + e +
-                                    "': expected 'portable' (the default) or 'lt'");
-    }();
+    static const bool on = EnvSwitch("INFINITRAIN_CUDA_LINEAR", "portable", "lt");
     return on;
 }
 

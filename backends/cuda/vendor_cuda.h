@@ -186,6 +186,16 @@ inline void ConfigureBlasHandle(BlasHandle h) {
               "cublasSetMathMode");
 }
 
+// A two-way switch of a vendor-library override: false when `name` is unset, empty or `off` (the default), true
+// when it is `on`; any other value is an error naming the variable. Callers read it once per process.
+inline bool EnvSwitch(const char* name, const char* off, const char* on) {
+    const char* e = std::getenv(name);
+    if (!e || !*e || std::strcmp(e, off) == 0) return false;
+    if (std::strcmp(e, on) == 0) return true;
+    throw std::invalid_argument(std::string(name) + "='" + e + "': expected '" + off + "' (the default) or '" + on +
+                                "'");
+}
+
 // TF32 tensor cores for float32 GEMMs only when INFINITRAIN_CUDA_TF32=1: they round inputs to 10 mantissa bits,
 // which the float32 tolerances of the op tests do not allow, so exact float32 is the default.
 inline bool Tf32Enabled() {
