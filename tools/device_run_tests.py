@@ -62,7 +62,11 @@ def main(argv):
     if argv and argv[0].startswith("--jobs="):
         jobs = int(argv[0].split("=", 1)[1])
         argv = argv[1:]
-    files = [a for a in argv if a.endswith(".py")]
+    # A bare file name is a suite under tests/.
+    files = [a if os.sep in a else os.path.join(HERE, "tests", a) for a in argv if a.endswith(".py")]
+    missing = [f for f in files if not os.path.isfile(os.path.join(HERE, f))]
+    if missing:
+        sys.exit(f"no such test file: {', '.join(missing)}")
     rest = [a for a in argv if not a.endswith(".py")]
     if not files:
         tests = os.path.join(HERE, "tests")

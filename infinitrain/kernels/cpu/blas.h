@@ -11,6 +11,7 @@
 #include <omp.h>
 #include <scipy_openblas/cblas.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -37,23 +38,45 @@ void GemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, cons
     }
 }
 
+// The grid of C blocks, pm x pn = threads, for a threaded product: each block's call packs its rows of op(A) and
+// its columns of op(B) afresh, so the grid minimises the packed panels' total, pn * M + pm * N (times K), with
+// blocks at least 16 rows and 16 columns. False when no grid but 1 x 1 qualifies.
+inline bool GemmGrid(int64_t m, int64_t n, int threads, int* pm, int* pn) {
+    int64_t best = -1;
+    for (int r = 1; r <= threads; ++r) {
+        int c = threads / r;
+        if (r * c != threads || (r > 1 && m < 16 * r) || (c > 1 && n < 16 * c)) continue;
+        int64_t cost = c * m + r * n;
+        if (best < 0 || cost < best) best = cost, *pm = r, *pn = c;
+    }
+    return best >= 0 && threads > 1;
+}
+
 // C[M, N] = alpha * op(A) @ op(B) + beta * C for contiguous operands: A stored [M, K] ([K, M] when ta), B stored
-// [K, N] ([N, K] when tb). Large products outside a parallel region split C's rows across threads.
+// [K, N] ([N, K] when tb). Large products outside a parallel region split C into a grid of blocks, one per thread
+// (GemmGrid); splitting rows only made every thread pack all of op(B).
 template <typename C>
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a, const C* b, C beta, C* c) {
     int64_t lda = ta ? m : k, ldb = tb ? k : n;
-    int nt = omp_get_max_threads();
-    if (nt == 1 || omp_in_parallel() || m < 2 * nt || m * n * k < (int64_t{1} << 18)) {
+    int nt = omp_get_max_threads(), pm = 1, pn = 1;
+    if (nt == 1 || omp_in_parallel() || m * n * k < (int64_t{1} << 18) || !GemmGrid(m, n, nt, &pm, &pn)) {
         GemmSerial(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, n);
         return;
     }
-#pragma omp parallel
+    const int blocks = pm * pn;
+    const int64_t rows = (m + pm - 1) / pm, cols = (n + pn - 1) / pn;
+#pragma omp parallel num_threads(blocks)
     {
-        int64_t t = omp_get_thread_num(), parts = omp_get_num_threads();
-        int64_t chunk = (m + parts - 1) / parts, i0 = t * chunk, i1 = i0 + chunk < m ? i0 + chunk : m;
-        // Rows i0..i1 of op(A): a row offset in A, or a column offset when A is stored transposed.
-        if (i0 < i1) {
-            GemmSerial(ta, tb, i1 - i0, n, k, alpha, ta ? a + i0 : a + i0 * k, lda, b, ldb, beta, c + i0 * n, n);
+        // A loop, not one block per thread: the runtime may start fewer threads than asked for.
+        for (int64_t blk = omp_get_thread_num(); blk < blocks; blk += omp_get_num_threads()) {
+            int64_t i0 = blk / pn * rows, i1 = std::min(m, i0 + rows), j0 = blk % pn * cols,
+                    j1 = std::min(n, j0 + cols);
+            // Rows i0..i1 of op(A): a row offset in A, or a column offset when A is stored transposed; columns
+            // j0..j1 of op(B) likewise.
+            if (i0 < i1 && j0 < j1) {
+                GemmSerial(ta, tb, i1 - i0, j1 - j0, k, alpha, ta ? a + i0 : a + i0 * k, lda, tb ? b + j0 * k : b + j0,
+                           ldb, beta, c + i0 * n + j0, n);
+            }
         }
     }
 }

@@ -3,6 +3,7 @@ gradient clipping) trained for some steps by infinitrain and by PyTorch, each in
 same thread count, alternating runs; prints median step times and the ratio. A benchmark, not a test.
 
     .venv/bin/python -m infinitrain.tools.torch_bench --torch_python=/tmp/torch-venv/bin/python --threads=2
+    .venv/bin/python -m infinitrain.tools.torch_bench --side=ours --model=124m --threads=2 --steps=3 --profile
 
 PyTorch comes from its own venv (pip install torch there; it is not a project dependency). This file runs
 as a script under that interpreter too, so it imports infinitrain only on our side.
@@ -23,7 +24,7 @@ MODELS = {
 }
 
 
-def _ours(model, steps, dtype):
+def _ours(model, steps, dtype, profile=False):
     import numpy as np
 
     import infinitrain as it
@@ -36,9 +37,8 @@ def _ours(model, steps, dtype):
     rng = np.random.default_rng(0)
     x = it.from_numpy(rng.integers(0, V, (B, T)))
     y = it.from_numpy(rng.integers(0, V, (B, T)))
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step():
         opt.zero_grad()
         with it.amp.autocast("cpu", dtype="bfloat16", enabled=dtype == "bfloat16"):
             _, loss = m(x, y)
@@ -46,7 +46,16 @@ def _ours(model, steps, dtype):
         it.optim.clip_grad_norm_(list(m.parameters()), 1.0)
         opt.step()
         loss.item()
+
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
         times.append(time.perf_counter() - t0)
+    if profile:  # one more step, its ops by time, on stderr (stdout carries the times)
+        with it.profiler.profile() as prof:
+            step()
+        print(prof.table(top=20), file=sys.stderr)
     return times
 
 
@@ -110,7 +119,11 @@ def _torch(model, steps, dtype, threads):
 
 
 def _worker(a):
-    times = _ours(a.model, a.steps, a.dtype) if a.side == "ours" else _torch(a.model, a.steps, a.dtype, a.threads)
+    times = (
+        _ours(a.model, a.steps, a.dtype, a.profile)
+        if a.side == "ours"
+        else _torch(a.model, a.steps, a.dtype, a.threads)
+    )
     print(json.dumps(times))
 
 
@@ -134,6 +147,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the best median counts")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--profile", action="store_true", help="with --side=ours: print one step's ops by time")
     ap.add_argument("--side", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     a = ap.parse_args()
