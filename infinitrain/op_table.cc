@@ -39,6 +39,7 @@ RULE(SumSquares);
 RULE(ForeachSumSquares);
 RULE(Matmul);
 RULE(Linear);
+RULE(LinearWeightGrad);
 RULE(Embedding);
 RULE(EmbeddingBackward);
 RULE(Gather);
@@ -140,6 +141,7 @@ extern const OpDef kOpTable[] = {
 // ---- linear algebra ----
 {"matmul(a, b; trans_a: int, trans_b: int) -> out",                             R, kF,   "matmul sum",         Matmul,             "op(a) @ op(b) over the last two dims, batch dims broadcast; op transposes when trans_* is 1"},
 {"linear(x, weight, bias?) -> out",                                             R, kF,   "matmul sum",         Linear,             "x[..., in] @ weight[out, in]^T + bias[out]"},
+{"linear_weight_grad(grad, x; bias: int) -> (dweight, dbias)",                 F, kF,   "",                   LinearWeightGrad,   "linear's parameter gradients in one op: dweight[out, in] = grad[R, out]^T @ x[R, in] over the R rows of grad [..., out] and x [..., in] (the same leading dims); dbias[out] = grad's column sums when bias = 1, else dbias is [0]"},
 // ---- indexing and shape ----
 {"embedding(weight, index: int64) -> out",                                      R, kF,   "embedding_backward", Embedding,          "weight[index]: weight [V, C], index [...] -> [..., C]"},
 {"embedding_backward(grad, index: int64; num_weights: int) -> dweight",         R, kF,   "",                   EmbeddingBackward,  "dweight[V, C] = sum of grad rows scattered to their index"},
@@ -489,6 +491,18 @@ RULE(Linear) {
     Shape s = in[0].shape();
     s.back() = in[1].size(0);
     return {{s, in[0].dtype()}};
+}
+
+RULE(LinearWeightGrad) {
+    CheckSameDtype(op, in[0], in[1]);
+    const Tensor &g = in[0], &x = in[1];
+    if (g.dim() < 1 || x.dim() != g.dim() || !std::equal(g.shape().begin(), g.shape().end() - 1, x.shape().begin())) {
+        OpError(op, "grad " + ShapeToString(g.shape()) + " and x " + ShapeToString(x.shape()) +
+                        " must share their leading dims (grad [..., out], x [..., in])");
+    }
+    const int64_t bias = Int(a, 0);
+    if (bias != 0 && bias != 1) OpError(op, "bias must be 0 or 1, got " + std::to_string(bias));
+    return {{{g.size(-1), x.size(-1)}, g.dtype()}, {{bias ? g.size(-1) : 0}, g.dtype()}};
 }
 
 RULE(Embedding) {

@@ -45,6 +45,7 @@ def inputs_for(name, dtype):
         "sdpa": ([q, k, v], [1, 0.35]),
         "sdpa_bthd": ([f(B, T, H, D), f(B, T, Hkv, D), f(B, T, Hkv, D)], [1, 0.35]),
         "cross_entropy": ([f(N, V), tgt], [-100]),
+        "linear_weight_grad": ([f(2, 9, 5), f(2, 9, 17)], [int(g.integers(0, 2))]),
     }
     if name in table:
         return table[name]

@@ -1,4 +1,4 @@
-"""matmul and linear CPU kernels against float64 NumPy products of the dtype-rounded inputs."""
+"""matmul, linear and linear_weight_grad kernels against float64 NumPy products of the dtype-rounded inputs."""
 
 import numpy as np
 import pytest
@@ -9,10 +9,11 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def gemm_tol(dtype, k):
-    """float32 sgemm accumulates K products in float: the absolute error grows about linearly in K (measured
-    worst ~7e-6 at K=128 for N(0,1) inputs), so beyond K=64 the absolute bound scales with K/64."""
+    """Every dtype but float64 accumulates K products in float32: the absolute error grows about linearly in K
+    (measured worst ~7e-6 at K=128 for N(0,1) inputs), so beyond K=64 the absolute bound scales with K/64 (a
+    16-bit output's own rounding is relative, in rtol)."""
     rtol, atol = TOL[dtype]
-    if dtype == "float32" and k > 64:
+    if dtype != "float64" and k > 64:
         atol *= k / 64
     return rtol, atol
 
@@ -109,6 +110,98 @@ def test_linear_zero_inputs(dtype):
     assert_close(out, np.zeros((3, 4)), dtype, what="linear K=0")
     out = run("linear", [to_device(np.zeros((0, 5)), dtype), to_device(randn(4, 5), dtype)])[0]
     assert out.shape == (0, 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [0, 1])
+@pytest.mark.parametrize(
+    "lead, out_features, in_features",
+    [((), 5, 17), ((1,), 1, 1), ((5,), 33, 17), ((2, 3), 7, 65), ((3, 128), 96, 80), ((1024,), 72, 48)],
+    ids=str,
+)
+def test_linear_weight_grad(lead, out_features, in_features, bias, dtype):
+    g = rng()
+    grad = round_to(randn(*lead, out_features, gen=g), dtype)
+    x = round_to(randn(*lead, in_features, gen=g), dtype)
+    dw, db = run("linear_weight_grad", [to_device(grad, dtype), to_device(x, dtype)], [bias])
+    g2, x2 = grad.reshape(-1, out_features), x.reshape(-1, in_features)
+    rtol, atol = gemm_tol(dtype, g2.shape[0])
+    assert_close(dw, g2.T @ x2, dtype, rtol, atol, what=f"dweight {lead} {out_features}x{in_features}")
+    if bias:
+        assert_close(db, g2.sum(0), dtype, rtol, atol, what=f"dbias {lead} {out_features}")
+    else:
+        assert db.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_weight_grad_without_rows(dtype):
+    """No rows: both gradients are zeros of the parameters' shapes (a sum over nothing)."""
+    dw, db = run(
+        "linear_weight_grad", [to_device(np.zeros((2, 0, 4)), dtype), to_device(np.zeros((2, 0, 3)), dtype)], [1]
+    )
+    assert_close(dw, np.zeros((4, 3)), dtype, what="dweight of no rows")
+    assert_close(db, np.zeros(4), dtype, what="dbias of no rows")
+
+
+@pytest.mark.parametrize(
+    "inputs, attrs, match",
+    [
+        (lambda: [f32(3, 4), f32(2, 5)], [1], "must share their leading dims"),
+        (lambda: [f32(3, 4), f32(3, 1, 5)], [0], "must share their leading dims"),
+        (lambda: [f32(3, 4), to_device(randn(3, 5), "bfloat16")], [1], "dtype mismatch"),
+        (lambda: [f32(3, 4), f32(3, 5)], [2], "bias must be 0 or 1"),
+    ],
+)
+def test_linear_weight_grad_errors(inputs, attrs, match):
+    with pytest.raises(ValueError, match=match):
+        run("linear_weight_grad", inputs(), attrs)
+
+
+# Significant bits of the 16-bit floats.
+_BITS = {"bfloat16": 8, "float16": 11}
+
+
+def assert_rounded_once(got, ref, acc, dtype, what):
+    """A 16-bit result of float32 arithmetic rounded once: within half an ulp of the dtype (at |ref| + acc) plus acc,
+    the float32 error bound, elementwise. A second rounding, of an intermediate larger than the result (the product
+    before the bias is added, a partial sum), breaks it."""
+    got = got.numpy().astype(np.float64)
+    mag = np.abs(ref) + acc
+    half_ulp = np.exp2(np.floor(np.log2(np.maximum(mag, 2.0**-14))) - _BITS[dtype])
+    bad = np.abs(got - ref) > half_ulp + acc
+    if bad.any():
+        i = tuple(int(j[0]) for j in np.nonzero(bad))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.size} elements beyond one rounding; at {i}: got {got[i]!r}, "
+            f"exact {ref[i]!r}, bound {half_ulp[i] + acc[i]:.3g}"
+        )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("x_shape, out_features", [((36, 128), 65), ((4, 9, 512), 64), ((2, 3), 40)], ids=str)
+def test_linear_bias_rounds_once(x_shape, out_features, dtype):
+    """The bias joins the float32 product before the one rounding into the 16-bit output (few rows over a long K
+    is where a BLAS splits K and may round in between)."""
+    g = rng()
+    k = x_shape[-1]
+    x = round_to(randn(*x_shape, gen=g), dtype)
+    w = round_to(randn(out_features, k, gen=g), dtype)
+    b = round_to(randn(out_features, gen=g), dtype)
+    out = run("linear", [to_device(x, dtype), to_device(w, dtype), to_device(b, dtype)])[0]
+    acc = (k + 1) * 2.0**-23 * (np.abs(x) @ np.abs(w).T + np.abs(b))
+    assert_rounded_once(out, x @ w.T + b, acc, dtype, f"linear {x_shape} -> {out_features} with bias")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rows, out_features, in_features", [(1024, 72, 48), (4096, 64, 32), (96, 40, 24)], ids=str)
+def test_linear_weight_grad_rounds_once(rows, out_features, in_features, dtype):
+    g = rng()
+    grad = round_to(randn(rows, out_features, gen=g), dtype)
+    x = round_to(randn(rows, in_features, gen=g), dtype)
+    dw, db = run("linear_weight_grad", [to_device(grad, dtype), to_device(x, dtype)], [1])
+    bound = rows * 2.0**-23
+    assert_rounded_once(dw, grad.T @ x, bound * (np.abs(grad).T @ np.abs(x)), dtype, "dweight")
+    assert_rounded_once(db, grad.sum(0), bound * np.abs(grad).sum(0), dtype, "dbias")
 
 
 def f32(*shape):

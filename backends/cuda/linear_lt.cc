@@ -1,15 +1,20 @@
-// linear through cuBLASLt: out[R, O] = x[R, I] @ w[O, I]^T + bias[O], the bias added in the GEMM's epilogue
-// (CUBLASLT_EPILOGUE_BIAS, in float32 before the one rounding into out) where the portable kernel writes the bias
-// rows into out and reads them back in a beta = 1 GEMM: two passes over out saved per call.
+// linear and its parameter gradients through cuBLASLt, the bias work in the GEMM's epilogue:
+//   linear: out[R, O] = x[R, I] @ w[O, I]^T + bias[O], the bias added in float32 before the one rounding into out
+//     (CUBLASLT_EPILOGUE_BIAS), where the portable kernel writes the bias rows into out and reads them back in a
+//     beta = 1 GEMM.
+//   linear_weight_grad: dweight[O, I] = grad[R, O]^T @ x[R, I] and dbias[O] = grad's column sums, the sums in the
+//     epilogue (CUBLASLT_EPILOGUE_BGRADB) where the portable kernel reads grad again in a reduction.
 //
-// Layout: row-major x, w and out are column-major x^T [I, R], w^T [I, O] and out^T [O, R], so the column-major
-// product is out^T = (w^T)^T @ x^T with A = w (transposed), B = x, and the bias runs along out^T's rows.
+// Layout: row-major x, w, grad and out are the column-major transposes x^T [I, R], w^T [I, O], grad^T [O, R] and
+// out^T [O, R]: out^T = (w^T)^T @ x^T (A = w transposed, B = x) with the bias along out^T's rows; dweight^T [I, O]
+// = x^T @ (grad^T)^T (A = x, B = grad transposed) with the bias gradient over B's k = R dimension.
 // Precision: bfloat16, float16 and float32 operands accumulate in float32 (TF32 only under INFINITRAIN_CUDA_TF32=1),
-// split-K partial sums in float32 (no in-place or output-type reductions). float64 and the shapes cuBLASLt
-// declines run the portable kernel.
+// split-K partial sums in float32 (no in-place or output-type reductions), and no split-K where an epilogue meets a
+// 16-bit output, so the result is rounded once. float64, empty shapes and the cases cuBLASLt declines run the
+// portable kernels.
 //
-// INFINITRAIN_CUDA_LINEAR=lt selects this path; the default, portable, keeps the cuBLAS path until this one has
-// been checked on a GPU. Per thread and device: one cuBLASLt handle; per shape, dtype and operand alignment: the
+// The default since it was checked on the H200 (2026-12-02); INFINITRAIN_CUDA_LINEAR=portable runs the portable
+// kernels instead. Per thread and device: one cuBLASLt handle; per product, shape, dtype and operand alignment: the
 // layouts and the heuristic's algorithm, kept for the thread's life. The workspace comes from the caching
 // allocator on the op's stream.
 #include "backends/cuda/linear_lt.h"
@@ -35,8 +40,8 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 bool LtEnabled() {
-    static const bool on = EnvSwitch("INFINITRAIN_CUDA_LINEAR", "portable", "lt");
-    return on;
+    static const bool portable = EnvSwitch("INFINITRAIN_CUDA_LINEAR", "lt", "portable");
+    return !portable;
 }
 
 cublasLtHandle_t LtHandle(int device) {
@@ -53,19 +58,20 @@ uint32_t Alignment(const void* p) {
     return a == 0 || low > 256 ? 256 : static_cast<uint32_t>(low);
 }
 
+// wgrad: linear_weight_grad's product (A = x, B = grad) rather than linear's (A = w, B = x).
 struct Key {
     int device;
     DataType dtype;
     int64_t rows, in_f, out_f;
-    bool bias;
-    uint32_t align_x, align_w, align_out, align_bias;
+    bool bias, wgrad;
+    uint32_t align_a, align_b, align_out, align_bias;
     auto tie() const {
-        return std::tie(device, dtype, rows, in_f, out_f, bias, align_x, align_w, align_out, align_bias);
+        return std::tie(device, dtype, rows, in_f, out_f, bias, wgrad, align_a, align_b, align_out, align_bias);
     }
     bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
-std::atomic<uint64_t> lt_calls{0};
+std::atomic<uint64_t> lt_calls[2] = {{0}, {0}};  // linear, linear_weight_grad
 
 struct DescFree {
     void operator()(cublasLtMatmulDesc_t d) const { cublasLtMatmulDescDestroy(d); }
@@ -107,11 +113,11 @@ Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
     cublasLtMatmulDesc_t d = nullptr;
     CheckBlas(cublasLtMatmulDescCreate(&d, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     p.desc.reset(d);
-    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    const cublasOperation_t opa = k.wgrad ? CUBLAS_OP_N : CUBLAS_OP_T, opb = k.wgrad ? CUBLAS_OP_T : CUBLAS_OP_N;
     CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA");
     CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB");
     if (k.bias) {
-        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const cublasLtEpilogue_t epi = k.wgrad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BIAS;
         const int32_t bias_type = t;
         CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
         CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
@@ -119,21 +125,30 @@ Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
         CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                   "BIAS_POINTER");
     }
-    p.a = MakeLayout(t, k.in_f, k.out_f, k.in_f);
-    p.b = MakeLayout(t, k.in_f, k.rows, k.in_f);
-    p.c = MakeLayout(t, k.out_f, k.rows, k.out_f);
+    if (k.wgrad) {  // dweight^T [I, O] = x^T [I, R] @ (grad^T [O, R])^T
+        p.a = MakeLayout(t, k.in_f, k.rows, k.in_f);
+        p.b = MakeLayout(t, k.out_f, k.rows, k.out_f);
+        p.c = MakeLayout(t, k.in_f, k.out_f, k.in_f);
+    } else {  // out^T [O, R] = (w^T [I, O])^T @ x^T [I, R]
+        p.a = MakeLayout(t, k.in_f, k.out_f, k.in_f);
+        p.b = MakeLayout(t, k.in_f, k.rows, k.in_f);
+        p.c = MakeLayout(t, k.out_f, k.rows, k.out_f);
+    }
 
     cublasLtMatmulPreference_t pr = nullptr;
     CheckBlas(cublasLtMatmulPreferenceCreate(&pr), "cublasLtMatmulPreferenceCreate");
     Pref pref(pr);
-    // Split-K only with float32 partial sums: no in-place or output-type reductions.
-    const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    // Split-K only with float32 partial sums: no in-place or output-type reductions. None at all with an epilogue
+    // and a 16-bit output: measured on the H200, split-K plans then add the bias after rounding the product to
+    // bfloat16 (a second rounding, up to half an ulp of x @ w^T rather than of the result).
+    const bool no_split = k.bias && k.dtype != DataType::kFloat32;
+    const uint32_t reductions = no_split ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     const struct {
         cublasLtMatmulPreferenceAttributes_t attr;
         uint32_t value;
     } prefs[] = {{CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions},
-                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_w},
-                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_x},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_a},
+                 {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_b},
                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_out},
                  {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_out}};
     for (const auto& e : prefs) {
@@ -156,50 +171,84 @@ Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
     return p;
 }
 
-void LinearLt(KernelContext& ctx) {
-    const Tensor &x = ctx.in[0], &w = ctx.in[1], &out = ctx.out[0];
-    const Tensor* bias = ctx.in.size() == 3 ? &ctx.in[2] : nullptr;
-    const DataType dt = x.dtype();
-    const int64_t in_f = w.size(1), out_f = w.size(0), rows = in_f ? x.numel() / in_f : 0;
-    if (!LtEnabled() || dt == DataType::kFloat64 || out.numel() == 0 || in_f == 0 || rows > INT32_MAX ||
-        in_f > INT32_MAX || out_f > INT32_MAX) {
-        return PortableLinear(ctx);
-    }
-    const void* bp = bias ? bias->data() : nullptr;
-    const Key key{ctx.device.index,
-                  dt,
-                  rows,
-                  in_f,
-                  out_f,
-                  bias != nullptr,
-                  Alignment(x.data()),
-                  Alignment(w.data()),
-                  Alignment(out.data()),
-                  bias ? Alignment(bp) : 256u};
+// Runs the product of `key` (a, b, out and bias as Build's layouts name them); false when cuBLASLt has no
+// algorithm for it, so the caller runs the portable kernel.
+bool RunLt(const KernelContext& ctx, const Key& key, const void* a, const void* b, void* out, const void* bias) {
     cublasLtHandle_t h = LtHandle(ctx.device.index);
     thread_local std::map<Key, Plan> plans;
     auto it = plans.find(key);
-    if (it == plans.end()) it = plans.emplace(key, Build(key, h, bp)).first;
+    if (it == plans.end()) it = plans.emplace(key, Build(key, h, bias)).first;
     const Plan& p = it->second;
-    if (!p.ok) return PortableLinear(ctx);
+    if (!p.ok) return false;
     if (bias) {
-        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp),
+        CheckBlas(cublasLtMatmulDescSetAttribute(p.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                   "BIAS_POINTER");
     }
     Tensor workspace;
     if (p.workspace) workspace = Tensor::Empty({static_cast<int64_t>(p.workspace)}, DataType::kUInt8, ctx.device);
     const float alpha = 1.0f, beta = 0.0f;
-    CheckBlas(cublasLtMatmul(h, p.desc.get(), &alpha, w.data(), p.a.get(), x.data(), p.b.get(), &beta, out.data(),
-                             p.c.get(), out.data(), p.c.get(), &p.algo, p.workspace ? workspace.data() : nullptr,
-                             p.workspace, static_cast<cudaStream_t>(ctx.stream.handle())),
+    CheckBlas(cublasLtMatmul(h, p.desc.get(), &alpha, a, p.a.get(), b, p.b.get(), &beta, out, p.c.get(), out, p.c.get(),
+                             &p.algo, p.workspace ? workspace.data() : nullptr, p.workspace,
+                             static_cast<cudaStream_t>(ctx.stream.handle())),
               "cublasLtMatmul");
-    lt_calls.fetch_add(1, std::memory_order_relaxed);
+    lt_calls[key.wgrad].fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
+// Shapes cuBLASLt takes: 16- and 32-bit floats, nothing empty, every dimension an int.
+bool LtShape(DataType dt, int64_t rows, int64_t in_f, int64_t out_f) {
+    return LtEnabled() && dt != DataType::kFloat64 && rows > 0 && in_f > 0 && out_f > 0 && rows <= INT32_MAX &&
+           in_f <= INT32_MAX && out_f <= INT32_MAX;
+}
+
+void LinearLt(KernelContext& ctx) {
+    const Tensor &x = ctx.in[0], &w = ctx.in[1], &out = ctx.out[0];
+    const Tensor* bias = ctx.in.size() == 3 ? &ctx.in[2] : nullptr;
+    const int64_t in_f = w.size(1), out_f = w.size(0), rows = in_f ? x.numel() / in_f : 0;
+    if (!LtShape(x.dtype(), rows, in_f, out_f)) return PortableLinear(ctx);
+    const void* bp = bias ? bias->data() : nullptr;
+    const Key key{ctx.device.index,
+                  x.dtype(),
+                  rows,
+                  in_f,
+                  out_f,
+                  bias != nullptr,
+                  false,
+                  Alignment(w.data()),
+                  Alignment(x.data()),
+                  Alignment(out.data()),
+                  bias ? Alignment(bp) : 256u};
+    if (!RunLt(ctx, key, w.data(), x.data(), out.data(), bp)) PortableLinear(ctx);
+}
+
+// linear_weight_grad with the bias gradient in the epilogue (CUBLASLT_EPILOGUE_BGRADB: grad's sums over the
+// product's k = R dimension, taken from the operand tiles the GEMM already loads).
+void LinearWeightGradLt(KernelContext& ctx) {
+    const Tensor &g = ctx.in[0], &x = ctx.in[1], &dw = ctx.out[0], &db = ctx.out[1];
+    const bool bias = ctx.i(0) != 0;
+    const int64_t out_f = g.size(-1), in_f = x.size(-1), rows = out_f ? g.numel() / out_f : 0;
+    if (!LtShape(g.dtype(), rows, in_f, out_f)) return PortableLinearWeightGrad(ctx);
+    void* bp = bias ? db.data() : nullptr;
+    const Key key{ctx.device.index,
+                  g.dtype(),
+                  rows,
+                  in_f,
+                  out_f,
+                  bias,
+                  true,
+                  Alignment(x.data()),
+                  Alignment(g.data()),
+                  Alignment(dw.data()),
+                  bias ? Alignment(bp) : 256u};
+    if (!RunLt(ctx, key, x.data(), g.data(), dw.data(), bp)) PortableLinearWeightGrad(ctx);
 }
 
 }  // namespace
 
-uint64_t LtLinearCalls() { return lt_calls.load(std::memory_order_relaxed); }
+uint64_t LtLinearCalls() { return lt_calls[0].load(std::memory_order_relaxed); }
+uint64_t LtWeightGradCalls() { return lt_calls[1].load(std::memory_order_relaxed); }
 
 REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "linear", LinearLt);
+REGISTER_PROVIDER_KERNEL_OVERRIDE(kProviderName, "linear_weight_grad", LinearWeightGradLt);
 
 }  // namespace infinitrain::gpu

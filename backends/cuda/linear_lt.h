@@ -1,4 +1,5 @@
-// The cuBLASLt linear (linear_lt.cc): how many calls it ran, so a test can tell it from the portable fallback.
+// The cuBLASLt linear and linear_weight_grad (linear_lt.cc): how many calls they ran, so a test can tell them from
+// the portable fallback.
 #pragma once
 
 #include <cstdint>
@@ -6,5 +7,6 @@
 namespace infinitrain::gpu {
 
 uint64_t LtLinearCalls();
+uint64_t LtWeightGradCalls();
 
 }  // namespace infinitrain::gpu

@@ -11,5 +11,7 @@ PYBIND11_MODULE(infinitrain_cuda, m) {
     m.def("register_backend", &infinitrain::cuda::RegisterBackend,
           "Claims the PrivateUse1 slot for 'cuda' (idempotent).");
     m.def("lt_linear_calls", &infinitrain::gpu::LtLinearCalls,
-          "How many linear calls ran on cuBLASLt (INFINITRAIN_CUDA_LINEAR=lt) rather than the portable kernel.");
+          "How many linear calls ran on cuBLASLt rather than the portable kernel.");
+    m.def("lt_weight_grad_calls", &infinitrain::gpu::LtWeightGradCalls,
+          "How many linear_weight_grad calls ran on cuBLASLt rather than the portable kernel.");
 }

@@ -1,5 +1,5 @@
 // Row-major matrix products on the vendor BLAS (column-major), and the bias
-// broadcast of linear.
+// of linear (broadcast into the output, or added to a float32 product).
 //
 // Layout: C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, A stored
 // [m, k] ([k, m] when transposed), B stored [k, n] ([n, k] when transposed),
@@ -72,6 +72,14 @@ void RowMajorGemm(const char* op, BlasHandle h, NativeStream_t s, bool ta, bool 
 template <typename T>
 __global__ void BiasRowsKernel(const T* __restrict__ bias, T* __restrict__ out, int64_t rows, int64_t cols) {
     GPU_KERNEL_LOOP(i, rows * cols) { out[i] = bias[i % cols]; }
+}
+
+// out[r, o] = acc[r, o] + bias[o] in float32, rounded once to T (linear's small 16-bit outputs, from a float32
+// product).
+template <typename T>
+__global__ void AddBiasRoundKernel(const float* __restrict__ acc, const T* __restrict__ bias, T* __restrict__ out,
+                                   int64_t rows, int64_t cols) {
+    GPU_KERNEL_LOOP(i, rows * cols) { out[i] = FromAcc<T>(acc[i] + ToAcc(bias[i % cols])); }
 }
 
 }  // namespace infinitrain::gpu

@@ -1,5 +1,6 @@
-// The portable linear kernel (ops_gemm.cu: bias rows, then a beta = 1 GEMM on the vendor BLAS), for a provider
-// that overrides linear with a vendor library and falls back to it where the library declines a case.
+// The portable linear kernels (ops_gemm.cu: linear as bias rows, then a beta = 1 GEMM on the vendor BLAS; its
+// parameter gradients as the matmul and sum kernels), for a provider that overrides them with a vendor library and
+// falls back to them where the library declines a case.
 #pragma once
 
 #include "infinitrain/op.h"
@@ -7,5 +8,6 @@
 namespace infinitrain::gpu {
 
 void PortableLinear(KernelContext& ctx);
+void PortableLinearWeightGrad(KernelContext& ctx);
 
 }  // namespace infinitrain::gpu

@@ -4,12 +4,16 @@
 //     output batches are walked in order and cut into runs where both operands advance by constant strides
 //     (0 for a broadcast operand): each run is one strided-batched call, so [B, H] @ [B, H] or [B, H] @ [1, H]
 //     is one call and only a two-sided broadcast like [2, 1] @ [1, 3] needs several.
-//   linear(x, weight, bias?): out[R, O] = x[R, I] @ weight[O, I]^T (+ bias broadcast into out first, beta = 1).
+//   linear(x, weight, bias?): out[R, O] = x[R, I] @ weight[O, I]^T (+ bias broadcast into out first, beta = 1; small
+//     16-bit outputs add it to a float32 product instead, so they are rounded once).
+//   linear_weight_grad(grad, x, bias): dweight = grad[R, O]^T @ x[R, I] and dbias = grad's column sums, as the
+//     matmul and sum kernels compute them.
 #include <vector>
 
 #include "backends/gpu/context.h"
 #include "backends/gpu/gemm.cuh"
 #include "backends/gpu/gemm.h"
+#include "infinitrain/composed_kernels.h"
 #include "infinitrain/provider.h"
 
 namespace infinitrain::gpu {
@@ -92,6 +96,11 @@ void Matmul(KernelContext& ctx) {
 
 }  // namespace
 
+// 16-bit outputs up to this many elements (a few tiles per multiprocessor, where a BLAS splits K) take the bias
+// on a float32 product: on the H200, cuBLAS's split-K plans for a beta = 1 GEMM round the product to bfloat16
+// before adding C, a second rounding. Larger outputs keep the bias rows and one GEMM, which saves the float32 pass.
+constexpr int64_t kSmallOutput = int64_t{1} << 22;
+
 void PortableLinear(KernelContext& ctx) {
     const Tensor &x = ctx.in[0], &w = ctx.in[1], &out = ctx.out[0];
     const Tensor* bias = ctx.in.size() == 3 ? &ctx.in[2] : nullptr;
@@ -104,6 +113,17 @@ void PortableLinear(KernelContext& ctx) {
     NativeStream_t s = NativeStream(ctx);
     DispatchFloat(x.dtype(), "linear", [&](auto tag) {
         using T = typename decltype(tag)::type;
+        if constexpr (sizeof(T) == 2) {
+            if (bias && nrows * out_f <= kSmallOutput) {
+                Tensor acc = Scratch(ctx, {nrows, out_f}, DataType::kFloat32);
+                RowMajorGemm<T, float>("linear", Blas(ctx), s, false, true, nrows, out_f, in_f, 1.0, x.data<T>(), 0,
+                                       w.data<T>(), 0, 0.0, acc.data<float>(), 0, 1);
+                AddBiasRoundKernel<T><<<Blocks(nrows * out_f), kThreads, 0, s>>>(acc.data<float>(), bias->data<T>(),
+                                                                                 out.data<T>(), nrows, out_f);
+                GPU_CHECK_LAUNCH("linear");
+                return;
+            }
+        }
         if (bias) {
             BiasRowsKernel<T><<<Blocks(nrows * out_f), kThreads, 0, s>>>(bias->data<T>(), out.data<T>(), nrows, out_f);
             GPU_CHECK_LAUNCH("linear");
@@ -113,7 +133,10 @@ void PortableLinear(KernelContext& ctx) {
     });
 }
 
+void PortableLinearWeightGrad(KernelContext& ctx) { LinearWeightGradFromOps(ctx); }
+
 REGISTER_PROVIDER_KERNEL(kProviderName, "matmul", Matmul);
 REGISTER_PROVIDER_KERNEL(kProviderName, "linear", PortableLinear);
+REGISTER_PROVIDER_KERNEL(kProviderName, "linear_weight_grad", PortableLinearWeightGrad);
 
 }  // namespace infinitrain::gpu

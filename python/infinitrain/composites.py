@@ -144,6 +144,15 @@ def cross_entropy(logits, target, ignore_index):
     return loss, lse.reshape(N)
 
 
+def linear_weight_grad(grad, x, bias):
+    """(dweight, dbias) of linear as matmul and sum over the flattened rows; dbias is [0] when bias is 0."""
+    rows = math.prod(grad.shape[:-1])
+    g2, x2 = grad.reshape(rows, grad.shape[-1]), x.reshape(rows, x.shape[-1])
+    dw = F.matmul(g2, x2, True, False)
+    db = F.sum(g2, 0) if bias else zeros(0, dtype=grad.dtype, device=grad.device)
+    return dw, db
+
+
 def rmsnorm_backward(grad, x, weight, rstd):
     """(dx, dweight) from the saved rstd: with xhat = x * rstd and dxhat = grad * weight,
     dx = rstd * (dxhat - xhat * mean(dxhat * xhat)) and dweight = sum over rows of grad * xhat."""
@@ -368,6 +377,7 @@ COMPOSITES.update(
         "silu_backward": _derived("silu", [0], 1, [0]),
         "gelu_tanh_backward": _derived("gelu_tanh", [0], 1, [0]),
         "swiglu_backward": _derived("swiglu", [0, 1], 2, [0, 1]),
+        "linear_weight_grad": _explicit(linear_weight_grad),
         "rmsnorm_backward": _explicit(rmsnorm_backward),
         "sdpa_backward": _explicit(sdpa_backward),
         "sdpa_bthd_backward": _explicit(sdpa_bthd_backward),

@@ -962,9 +962,13 @@ def linear(x, weight, bias=None):
 
         def backward(g):
             gx = matmul(g, wd) if x.requires_grad else None
-            g2, x2 = g.reshape(-1, g.shape[-1]), xd.reshape(-1, xd.shape[-1])
-            gw = matmul(g2, x2, True, False) if weight.requires_grad else None
-            gb = sum(g2, 0) if bias is not None and bias.requires_grad else None
+            want_b = bias is not None and bias.requires_grad
+            gw = gb = None
+            if weight.requires_grad:  # one op, so a provider can take the bias gradient in the GEMM's epilogue
+                gw, gb = (Tensor(t) for t in dispatch.op("linear_weight_grad")([g._t, xd._t], [int(want_b)]))
+                gb = gb if want_b else None
+            elif want_b:
+                gb = sum(g.reshape(-1, g.shape[-1]), 0)
             return gx, gw, gb
 
         _record(out, (x, weight, bias), backward, "linear", (x, weight))

@@ -247,6 +247,14 @@ MUTANTS = [
         "autograd hands a leaf a gradient whose native tensor another wrapper still holds",
         ("tests/test_autograd.py",),
     ),
+    Mutant(
+        "P28",
+        "python/infinitrain/functional.py",
+        "[g._t, xd._t], [int(want_b)]",
+        "[g._t, xd._t], [0]",
+        "linear's backward never asks linear_weight_grad for the bias gradient",
+        ("tests/test_autograd.py", "tests/test_models.py"),
+    ),
     # ---- kernels ----
     Mutant(
         "K1",
@@ -345,9 +353,9 @@ MUTANTS = [
     Mutant(
         "K12",
         "infinitrain/kernels/cpu/blas.h",
-        "i1 = i0 + chunk < m ? i0 + chunk : m;",
-        "i1 = i0 + chunk < m ? i0 + chunk : m - 1;",
-        "Gemm's row split drops the last row of a clipped final chunk",
+        "i1 = std::min(m, i0 + rows)",
+        "i1 = std::min(m - 1, i0 + rows)",
+        "Gemm's block grid drops the last row of a clipped final block row",
         ops("gemm", "attention"),
     ),
     Mutant(
@@ -432,6 +440,22 @@ MUTANTS = [
         'RunKernelOf("permute", ctx, {x}, out, {std::vector<int64_t>{0, 1, 2, 3}});',
         "sdpa_bthd's layout swap copies in place of swapping the head and sequence dims",
         ops("attention"),
+    ),
+    Mutant(
+        "K25",
+        "infinitrain/kernels/cpu/blas.h",
+        "j1 = std::min(n, j0 + cols)",
+        "j1 = std::min(n - 1, j0 + cols)",
+        "Gemm's block grid drops the last column of a clipped final block column",
+        ops("gemm", "attention"),
+    ),
+    Mutant(
+        "K26",
+        "infinitrain/composed_kernels.h",
+        'if (ctx.i(0)) RunKernelOf("sum"',
+        'if (ctx.i(0) && g2.numel() < 0) RunKernelOf("sum"',
+        "linear_weight_grad leaves dbias unwritten",
+        ops("gemm") + ("tests/test_autograd.py",),
     ),
     Mutant(
         "K24",

@@ -736,6 +736,10 @@ SPECS = {
         lambda gen, d: ([(_randn(gen), d), (_randn(gen, (9, 17)), d), (_randn(gen, (9,)), d)], []),
         lambda xs, at, d: [xs[0] @ xs[1].T + xs[2]],
     ),
+    "linear_weight_grad": Spec(  # grad [2, 3, 9] and x [2, 3, 17]: six rows
+        lambda gen, d: ([(_randn(gen, (2, 3, 9)), d), (_randn(gen, (2, 3, 17)), d)], [1]),
+        lambda xs, at, d: [xs[0].reshape(6, 9).T @ xs[1].reshape(6, 17), xs[0].reshape(6, 9).sum(0)],
+    ),
     # indexing
     "embedding": Spec(
         lambda gen, d: ([(_randn(gen, (11, 17)), d), (gen.integers(0, 11, (2, 3)), "int64")], []),
