@@ -59,7 +59,7 @@ def _ours(model, steps, dtype, profile=False):
     return times
 
 
-def _torch(model, steps, dtype, threads):
+def _torch(model, steps, dtype, threads, profile=False):
     import math
 
     import torch
@@ -104,9 +104,8 @@ def _torch(model, steps, dtype, threads):
     m = GPT()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
     x, y = torch.randint(0, V, (B, T)), torch.randint(0, V, (B, T))
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
             loss = m(x, y)
@@ -114,7 +113,16 @@ def _torch(model, steps, dtype, threads):
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         loss.item()
+
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
         times.append(time.perf_counter() - t0)
+    if profile:  # one more step, PyTorch's ops by their own time, on stderr
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), file=sys.stderr)
     return times
 
 
@@ -122,7 +130,7 @@ def _worker(a):
     times = (
         _ours(a.model, a.steps, a.dtype, a.profile)
         if a.side == "ours"
-        else _torch(a.model, a.steps, a.dtype, a.threads)
+        else _torch(a.model, a.steps, a.dtype, a.threads, a.profile)
     )
     print(json.dumps(times))
 
@@ -147,7 +155,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per side; the best median counts")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--profile", action="store_true", help="with --side=ours: print one step's ops by time")
+    ap.add_argument("--profile", action="store_true", help="with --side: print one step's ops by time")
     ap.add_argument("--side", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     a = ap.parse_args()
