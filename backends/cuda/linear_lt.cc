@@ -140,7 +140,8 @@ Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
     Pref pref(pr);
     // Split-K only with float32 partial sums: no in-place or output-type reductions. None at all with an epilogue
     // and a 16-bit output: measured on the H200, split-K plans then add the bias after rounding the product to
-    // bfloat16 (a second rounding, up to half an ulp of x @ w^T rather than of the result).
+    // bfloat16 (a second rounding, up to half an ulp of x @ w^T rather than of the result). The bias-gradient
+    // epilogue follows the same rule untested: its split partial sums could round alike.
     const bool no_split = k.bias && k.dtype != DataType::kFloat32;
     const uint32_t reductions = no_split ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     const struct {
