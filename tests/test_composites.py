@@ -11,6 +11,10 @@ from infinitrain import _C, dispatch
 from infinitrain import functional as F
 
 FUSED = [o["name"] for o in _C.ops() if o["tier"] == "fused"]
+# Ops whose one integer flag switches a part of the computation on (rope's interleaving, the bias gradient, top-k's
+# renormalisation): each composite is checked with the flag both ways.
+FLAGGED = {"rope", "linear_weight_grad", "moe_topk", "moe_topk_backward"}
+CASES = [(n, flag) for n in FUSED for flag in ((0, 1) if n in FLAGGED else (None,))]
 
 
 def test_every_fused_op_has_a_composite():
@@ -18,7 +22,7 @@ def test_every_fused_op_has_a_composite():
     assert not missing, f"fused ops without a composite: {missing}"
 
 
-def inputs_for(name, dtype):
+def inputs_for(name, dtype, flag=None):
     g = rng()
 
     def f(*shape, lo=None):
@@ -41,11 +45,11 @@ def inputs_for(name, dtype):
         "rmsnorm": ([f(3, 17), f(17)], [1e-5]),
         "swiglu": ([f(3, 17), f(3, 17)], []),
         "swiglu_backward": ([f(3, 17), f(3, 17), f(3, 17)], []),
-        "rope": ([f(B, T, 3, D), cos, sin], [int(g.integers(0, 2))]),
+        "rope": ([f(B, T, 3, D), cos, sin], [flag]),
         "sdpa": ([q, k, v], [1, 0.35]),
         "sdpa_bthd": ([f(B, T, H, D), f(B, T, Hkv, D), f(B, T, Hkv, D)], [1, 0.35]),
         "cross_entropy": ([f(N, V), tgt], [-100]),
-        "linear_weight_grad": ([f(2, 9, 5), f(2, 9, 17)], [int(g.integers(0, 2))]),
+        "linear_weight_grad": ([f(2, 9, 5), f(2, 9, 17)], [flag]),
     }
     if name in table:
         return table[name]
@@ -65,7 +69,7 @@ def inputs_for(name, dtype):
         lse = _C.op("cross_entropy")([logits, tgt], [-100])[1]
         return [logits, tgt, lse, to_device(np.array(g.standard_normal()), stat)], [-100]
     if name.startswith("moe_"):
-        return _moe_inputs(name, f, g, stat)
+        return _moe_inputs(name, f, g, stat, flag)
     if name == "adamw_":
         p, grad = f(4, 5), f(4, 5)
         m, vv = to_device(g.standard_normal((4, 5)), stat), to_device(g.uniform(0, 1, (4, 5)), stat)
@@ -82,15 +86,15 @@ def inputs_for(name, dtype):
     raise AssertionError(f"no inputs for {name}")
 
 
-def _moe_inputs(name, f, g, stat):
+def _moe_inputs(name, f, g, stat, flag):
     n, e, k, c = 10, 5, 2, 6
     routes = to_device(np.stack([g.permutation(e)[:k] for _ in range(n)]), "int64")
     source = to_device(g.permutation(n * k), "int64")
     weights = to_device(g.uniform(0, 1, (n, k)), stat)
     if name == "moe_topk":
-        return [f(n, e)], [k, int(g.integers(0, 2))]
+        return [f(n, e)], [k, flag]
     if name == "moe_topk_backward":
-        return [f(n, e), routes, to_device(g.standard_normal((n, k)), stat)], [int(g.integers(0, 2))]
+        return [f(n, e), routes, to_device(g.standard_normal((n, k)), stat)], [flag]
     if name == "moe_permute":
         return [f(n, c), routes], [e]
     if name == "moe_unpermute":
@@ -103,9 +107,9 @@ def clone(t):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("name", FUSED)
-def test_composite_matches_native(name, dtype):
-    ins, attrs = inputs_for(name, dtype)
+@pytest.mark.parametrize("name, flag", CASES, ids=lambda c: str(c))
+def test_composite_matches_native(name, flag, dtype):
+    ins, attrs = inputs_for(name, dtype, flag)
     written = _C.op(name).written(len(ins))
     native_in = [clone(t) for t in ins]
     native = _C.op(name)(native_in, attrs) or [native_in[i] for i in written]

@@ -40,6 +40,7 @@ MATMUL_CASES = [
     ((64, 9, 17), (64, 17, 9)),  # many small products: batch-parallel path
     ((2, 200, 65), (2, 65, 300)),  # few big products: OpenBLAS threads each
     ((3, 33, 128), (128, 17)),
+    ((100, 140), (140, 20)),  # at 8 threads no 8-block grid of 16 x 16 blocks fits: 6 x 1, the last block clipped
 ]
 
 
@@ -177,6 +178,28 @@ def assert_rounded_once(got, ref, acc, dtype, what):
         )
 
 
+# Grid steps and ranges (in steps) of exact_grid's values: 6 and 8 significant bits, inside both 16-bit dtypes.
+_GRID = {"bfloat16": (2.0**-2, 32), "float16": (2.0**-5, 128)}
+
+
+def exact_grid(*shape, dtype, gen):
+    """Multiples of a power-of-two step, exact in `dtype`: float32 sums of their products (multiples of step^2) are
+    exact while the sum of |products| stays below 2^24 steps^2 (exact_sums checks it), so the only rounding left is
+    the one into the output, and products finer than the dtype's ulp make a second rounding show."""
+    step, units = _GRID[dtype]
+    return np.clip(np.round(gen.standard_normal(shape) / step), -units, units) * step
+
+
+def exact_sums(abs_sum, dtype):
+    step = _GRID[dtype][0]
+    assert abs_sum.max() < 2.0**24 * step**2, "inputs too large for exact float32 sums"
+
+
+# Slack for a few float32 roundings (not K of them: the sums are exact), far below what a second 16-bit rounding
+# leaves (up to half an ulp of the dtype at the intermediate).
+_F32_SLACK = 4 * 2.0**-24
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("x_shape, out_features", [((36, 128), 65), ((4, 9, 512), 64), ((2, 3), 40)], ids=str)
 def test_linear_bias_rounds_once(x_shape, out_features, dtype):
@@ -184,24 +207,23 @@ def test_linear_bias_rounds_once(x_shape, out_features, dtype):
     is where a BLAS splits K and may round in between)."""
     g = rng()
     k = x_shape[-1]
-    x = round_to(randn(*x_shape, gen=g), dtype)
-    w = round_to(randn(out_features, k, gen=g), dtype)
-    b = round_to(randn(out_features, gen=g), dtype)
+    x, w, b = (exact_grid(*s, dtype=dtype, gen=g) for s in (x_shape, (out_features, k), (out_features,)))
+    exact_sums(np.abs(x) @ np.abs(w).T + np.abs(b), dtype)
     out = run("linear", [to_device(x, dtype), to_device(w, dtype), to_device(b, dtype)])[0]
-    acc = (k + 1) * 2.0**-23 * (np.abs(x) @ np.abs(w).T + np.abs(b))
-    assert_rounded_once(out, x @ w.T + b, acc, dtype, f"linear {x_shape} -> {out_features} with bias")
+    ref = x @ w.T + b
+    assert_rounded_once(out, ref, _F32_SLACK * np.abs(ref), dtype, f"linear {x_shape} -> {out_features} with bias")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("rows, out_features, in_features", [(1024, 72, 48), (4096, 64, 32), (96, 40, 24)], ids=str)
 def test_linear_weight_grad_rounds_once(rows, out_features, in_features, dtype):
     g = rng()
-    grad = round_to(randn(rows, out_features, gen=g), dtype)
-    x = round_to(randn(rows, in_features, gen=g), dtype)
+    grad, x = exact_grid(rows, out_features, dtype=dtype, gen=g), exact_grid(rows, in_features, dtype=dtype, gen=g)
+    exact_sums(np.abs(grad).T @ np.abs(x), dtype)
     dw, db = run("linear_weight_grad", [to_device(grad, dtype), to_device(x, dtype)], [1])
-    bound = rows * 2.0**-23
-    assert_rounded_once(dw, grad.T @ x, bound * (np.abs(grad).T @ np.abs(x)), dtype, "dweight")
-    assert_rounded_once(db, grad.sum(0), bound * np.abs(grad).sum(0), dtype, "dbias")
+    dw_ref, db_ref = grad.T @ x, grad.sum(0)
+    assert_rounded_once(dw, dw_ref, _F32_SLACK * np.abs(dw_ref), dtype, "dweight")
+    assert_rounded_once(db, db_ref, _F32_SLACK * np.abs(db_ref), dtype, "dbias")
 
 
 def f32(*shape):

@@ -38,18 +38,22 @@ void GemmSerial(bool ta, bool tb, int64_t m, int64_t n, int64_t k, C alpha, cons
     }
 }
 
-// The grid of C blocks, pm x pn = threads, for a threaded product: each block's call packs its rows of op(A) and
+// The grid of C blocks, pm x pn <= threads, for a threaded product: each block's call packs its rows of op(A) and
 // its columns of op(B) afresh, so the grid minimises the packed panels' total, pn * M + pm * N (times K), with
-// blocks at least 16 rows and 16 columns. False when no grid but 1 x 1 qualifies.
+// blocks at least 16 rows and 16 columns. The most blocks that some grid allows: 16 threads over a 200 x 20 C take
+// 12 x 1, as no 16-block grid fits. False when no grid but 1 x 1 qualifies.
 inline bool GemmGrid(int64_t m, int64_t n, int threads, int* pm, int* pn) {
-    int64_t best = -1;
-    for (int r = 1; r <= threads; ++r) {
-        int c = threads / r;
-        if (r * c != threads || (r > 1 && m < 16 * r) || (c > 1 && n < 16 * c)) continue;
-        int64_t cost = c * m + r * n;
-        if (best < 0 || cost < best) best = cost, *pm = r, *pn = c;
+    for (int t = threads; t > 1; --t) {
+        int64_t best = -1;
+        for (int r = 1; r <= t; ++r) {
+            int c = t / r;
+            if (r * c != t || (r > 1 && m < 16 * r) || (c > 1 && n < 16 * c)) continue;
+            int64_t cost = c * m + r * n;
+            if (best < 0 || cost < best) best = cost, *pm = r, *pn = c;
+        }
+        if (best >= 0) return true;
     }
-    return best >= 0 && threads > 1;
+    return false;
 }
 
 // C[M, N] = alpha * op(A) @ op(B) + beta * C for contiguous operands: A stored [M, K] ([K, M] when ta), B stored
