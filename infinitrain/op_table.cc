@@ -40,6 +40,8 @@ RULE(ForeachSumSquares);
 RULE(Matmul);
 RULE(Linear);
 RULE(LinearWeightGrad);
+RULE(LinearGeluTanh);
+RULE(LinearDgeluTanh);
 RULE(Embedding);
 RULE(EmbeddingBackward);
 RULE(Gather);
@@ -142,6 +144,8 @@ extern const OpDef kOpTable[] = {
 {"matmul(a, b; trans_a: int, trans_b: int) -> out",                             R, kF,   "matmul sum",         Matmul,             "op(a) @ op(b) over the last two dims, batch dims broadcast; op transposes when trans_* is 1"},
 {"linear(x, weight, bias?) -> out",                                             R, kF,   "matmul sum",         Linear,             "x[..., in] @ weight[out, in]^T + bias[out]"},
 {"linear_weight_grad(grad, x; bias: int) -> (dweight, dbias)",                 F, kF,   "",                   LinearWeightGrad,   "linear's parameter gradients in one op: dweight[out, in] = grad[R, out]^T @ x[R, in] over the R rows of grad [..., out] and x [..., in] (the same leading dims); dbias[out] = grad's column sums when bias = 1, else dbias is [0]"},
+{"linear_gelu_tanh(x, weight, bias?) -> (out, pre)",                           F, kF,   "linear_dgelu_tanh linear_weight_grad matmul", LinearGeluTanh, "a linear with the tanh GELU on its output: pre = x[..., in] @ weight[out, in]^T + bias[out], out = gelu_tanh(pre); pre is kept for the backward"},
+{"linear_dgelu_tanh(grad, weight, pre; bias: int) -> (dpre, dbias)",          F, kF,   "",                   LinearDgeluTanh,    "the gradient through linear(gelu_tanh(pre), weight) into pre: dpre = gelu_tanh_backward(pre, grad[..., out] @ weight[out, in]) with pre [..., in]; dbias[in] = dpre's column sums when bias = 1 (the bias gradient of the linear that made pre), else dbias is [0]"},
 // ---- indexing and shape ----
 {"embedding(weight, index: int64) -> out",                                      R, kF,   "embedding_backward", Embedding,          "weight[index]: weight [V, C], index [...] -> [..., C]"},
 {"embedding_backward(grad, index: int64; num_weights: int) -> dweight",         R, kF,   "",                   EmbeddingBackward,  "dweight[V, C] = sum of grad rows scattered to their index"},
@@ -503,6 +507,27 @@ RULE(LinearWeightGrad) {
     const int64_t bias = Int(a, 0);
     if (bias != 0 && bias != 1) OpError(op, "bias must be 0 or 1, got " + std::to_string(bias));
     return {{{g.size(-1), x.size(-1)}, g.dtype()}, {{bias ? g.size(-1) : 0}, g.dtype()}};
+}
+
+RULE(LinearGeluTanh) {
+    Shape s = Linear(op, in, a)[0].shape;
+    return {{s, in[0].dtype()}, {s, in[0].dtype()}};
+}
+
+RULE(LinearDgeluTanh) {
+    CheckRank(op, in[1], 2, "weight");
+    CheckSameDtype(op, in[0], in[1]);
+    CheckSameDtype(op, in[0], in[2]);
+    const Tensor &g = in[0], &w = in[1], &pre = in[2];
+    if (g.dim() < 1 || g.size(-1) != w.size(0) || pre.dim() != g.dim() || pre.size(-1) != w.size(1) ||
+        !std::equal(g.shape().begin(), g.shape().end() - 1, pre.shape().begin())) {
+        OpError(op, "grad " + ShapeToString(g.shape()) + ", weight " + ShapeToString(w.shape()) + " and pre " +
+                        ShapeToString(pre.shape()) +
+                        " do not fit (expected grad [..., out], weight [out, in], pre [..., in])");
+    }
+    const int64_t bias = Int(a, 0);
+    if (bias != 0 && bias != 1) OpError(op, "bias must be 0 or 1, got " + std::to_string(bias));
+    return {{pre.shape(), pre.dtype()}, {{bias ? w.size(1) : 0}, pre.dtype()}};
 }
 
 RULE(Embedding) {

@@ -121,6 +121,36 @@ def test_matmul_batch_broadcast():
 def test_linear():
     gradcheck(F.linear, randn(2, 3, 4), randn(5, 4), randn(5))
     gradcheck(F.linear, randn(3, 4), randn(2, 4))
+    gradcheck(F.linear, randn(4), randn(2, 4), randn(2))  # 1-d x
+
+
+def test_linear_gelu_linear():
+    gradcheck(F.linear_gelu_linear, randn(2, 3, 4), randn(8, 4), randn(8), randn(5, 8), randn(5))
+    gradcheck(lambda x, w1, w2: F.linear_gelu_linear(x, w1, None, w2, None), randn(4), randn(8, 4), randn(3, 8))
+
+
+@pytest.mark.parametrize("grads", ["x", "fc", "proj", "biases"])
+def test_linear_gelu_linear_matches_the_unfused_mlp(grads):
+    """The one-node MLP gives the values and gradients of linear(gelu(linear(...))) for any subset of inputs that
+    require them."""
+    arrays = [randn(3, 5, 4), randn(8, 4), randn(8), randn(6, 8), randn(6)]
+    wants = {"x": [0], "fc": [1, 2], "proj": [3, 4], "biases": [2, 4]}[grads]
+    w = _t(rng().standard_normal((3, 5, 6)), False)
+    results = []
+    for fused in (True, False):
+        ts = [_t(a, requires_grad=k in wants) for k, a in enumerate(arrays)]
+        if fused:
+            out = F.linear_gelu_linear(*ts)
+        else:
+            out = F.linear(F.gelu(F.linear(ts[0], ts[1], ts[2]), approximate="tanh"), ts[3], ts[4])
+        (out * w).sum().backward()
+        results.append((out.numpy(), [None if t.grad is None else t.grad.numpy() for t in ts]))
+    (o1, g1), (o2, g2) = results
+    np.testing.assert_allclose(o1, o2, rtol=1e-12, atol=1e-12)
+    for k, (a, b) in enumerate(zip(g1, g2, strict=True)):
+        assert (a is None) == (b is None) == (k not in wants), k
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12, err_msg=f"input {k}")
 
 
 def test_embedding_gather_scatter():

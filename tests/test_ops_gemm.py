@@ -134,6 +134,93 @@ def test_linear_weight_grad(lead, out_features, in_features, bias, dtype):
         assert db.shape == (0,)
 
 
+_K0, _K1 = np.sqrt(2.0 / np.pi), 0.044715
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + np.tanh(_K0 * (x + _K1 * x**3)))
+
+
+def gelu_grad(x):
+    t = np.tanh(_K0 * (x + _K1 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3.0 * _K1 * x * x)
+
+
+# A kernel built from linear's and gelu_tanh's kernels rounds pre to the 16-bit dtype before the GELU (an epilogue
+# does not): up to half an ulp of |pre| more, times |gelu_tanh'| <= 1.13.
+_HALF_ULP = {"bfloat16": 2.0**-9, "float16": 2.0**-12}
+
+
+# out_features a multiple of 8 takes cuda's cuBLASLt epilogue; the others its portable kernels.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize(
+    "x_shape, out_features", [((17,), 8), ((5, 17), 33), ((2, 3, 65), 16), ((4, 9, 128), 64), ((0, 24), 8)], ids=str
+)
+def test_linear_gelu_tanh(x_shape, out_features, bias, dtype):
+    g = rng()
+    in_features = x_shape[-1]
+    x = round_to(randn(*x_shape, gen=g), dtype)
+    w = round_to(randn(out_features, in_features, gen=g), dtype)
+    inputs = [to_device(x, dtype), to_device(w, dtype)]
+    pre_ref = x @ w.T
+    if bias:
+        bvec = round_to(randn(out_features, gen=g), dtype)
+        inputs.append(to_device(bvec, dtype))
+        pre_ref = pre_ref + bvec
+    out, pre = run("linear_gelu_tanh", inputs)
+    rtol, atol = gemm_tol(dtype, in_features)
+    what = f"linear_gelu_tanh {x_shape} -> {out_features} bias={bias}"
+    assert_close(pre, pre_ref, dtype, rtol, atol, what=what + " pre")
+    extra = 1.13 * _HALF_ULP.get(dtype, 0.0) * float(np.abs(pre_ref).max(initial=0.0))
+    assert_close(out, gelu(pre_ref), dtype, rtol, 1.13 * atol + extra, what=what + " out")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [0, 1])
+@pytest.mark.parametrize(
+    "lead, out_features, in_features",
+    [((), 5, 8), ((5,), 33, 17), ((2, 3), 7, 64), ((3, 128), 96, 80), ((1024,), 48, 72), ((0,), 4, 8)],
+    ids=str,
+)
+def test_linear_dgelu_tanh(lead, out_features, in_features, bias, dtype):
+    g = rng()
+    grad = round_to(randn(*lead, out_features, gen=g), dtype)
+    w = round_to(randn(out_features, in_features, gen=g), dtype)
+    pre = round_to(randn(*lead, in_features, gen=g, scale=2.0), dtype)
+    dpre, db = run("linear_dgelu_tanh", [to_device(grad, dtype), to_device(w, dtype), to_device(pre, dtype)], [bias])
+    dpre_ref = (grad @ w) * gelu_grad(pre)
+    rtol, atol = gemm_tol(dtype, out_features)
+    what = f"linear_dgelu_tanh {lead} {out_features}->{in_features}"
+    # The product's error times |gelu_tanh'| <= 1.13, plus gelu_tanh_backward's own (relative, as the GELU kernels').
+    assert_close(dpre, dpre_ref, dtype, 2 * rtol, 1.13 * atol, what=what + " dpre")
+    if bias:
+        d2 = dpre_ref.reshape(-1, in_features)
+        # A kernel summing the rounded dpre: up to half an ulp of each |dpre| more.
+        extra = 2 * _HALF_ULP.get(dtype, 0.0) * float(np.abs(d2).sum(0).max(initial=0.0))
+        rtol_b, atol_b = gemm_tol(dtype, d2.shape[0])
+        assert_close(db, d2.sum(0), dtype, rtol_b, 1.13 * atol_b * out_features + extra, what=what + " dbias")
+    else:
+        assert db.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "op, inputs, attrs, match",
+    [
+        ("linear_gelu_tanh", lambda: [f32(3, 4), f32(5, 6)], [], "does not match weight"),
+        ("linear_gelu_tanh", lambda: [f32(3, 4), f32(5, 4), f32(4)], [], "bias must have shape"),
+        ("linear_dgelu_tanh", lambda: [f32(3, 5), f32(5, 6), f32(3, 7)], [0], "do not fit"),
+        ("linear_dgelu_tanh", lambda: [f32(3, 4), f32(5, 6), f32(3, 6)], [0], "do not fit"),
+        ("linear_dgelu_tanh", lambda: [f32(3, 5), f32(5, 6), f32(2, 6)], [0], "do not fit"),
+        ("linear_dgelu_tanh", lambda: [f32(3, 5), f32(5, 6), f32(3, 6)], [2], "bias must be 0 or 1"),
+        ("linear_dgelu_tanh", lambda: [f32(3, 5), f32(5, 6), to_device(randn(3, 6), "bfloat16")], [0], "dtype"),
+    ],
+)
+def test_gelu_gemm_errors(op, inputs, attrs, match):
+    with pytest.raises(ValueError, match=match):
+        run(op, inputs(), attrs)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_weight_grad_without_rows(dtype):
     """No rows: both gradients are zeros of the parameters' shapes (a sum over nothing)."""

@@ -1,7 +1,7 @@
 """The precision checker: statistics against NumPy, and a deliberately perturbed op named as the first
-divergence between two records, in process and through the train CLI and compare. The perturbed op is gelu
-run as its composite instead of the kernel (prefer_composites), with the tanh inside the composite scaled by
-1 + 1e-2 (composites are registered once, so the test perturbs what the composite calls)."""
+divergence between two records, in process and through the train CLI and compare. The perturbed op is GPT-2's
+linear_gelu_tanh run as its composite instead of the kernel (prefer_composites), with the tanh inside the composite
+scaled by 1 + 1e-2 (composites are registered once, so the test perturbs what the composite calls)."""
 
 import json
 import os
@@ -47,7 +47,7 @@ def record_step(path, tokens, perturb=None, monkeypatch=None):
         tanh = F.tanh
         monkeypatch.setattr(F, "tanh", lambda t: tanh(t) * 1.01)
     try:
-        with dispatch.prefer_composites(["gelu_tanh"] if perturb else []), rec.step(1):
+        with dispatch.prefer_composites(["linear_gelu_tanh"] if perturb else []), rec.step(1):
             with rec.phase("forward"):
                 _, loss = model(x, y)
             with rec.phase("backward"):
@@ -79,8 +79,8 @@ def test_a_perturbed_op_is_named_as_the_first_divergence(tmp_path, monkeypatch):
     first = result["first"]
     assert first is not None, P.format_divergence(result)
     rec = first["record"]
-    assert (rec["kind"], rec["name"], rec["module"], rec["phase"]) == ("op", "gelu_tanh", "h.0.mlp", "forward")
-    assert first["what"] == "step 1 forward: op gelu_tanh in h.0.mlp"
+    assert (rec["kind"], rec["name"], rec["module"], rec["phase"]) == ("op", "linear_gelu_tanh:0", "h.0.mlp", "forward")
+    assert first["what"] == "step 1 forward: op linear_gelu_tanh:0 in h.0.mlp"
     # Everything before it agrees, bit for bit.
     order = [P._key(r) for r in lines[2:]]
     assert result["first_bitwise"] == first["what"] or order.index(P._key(rec)) > 0
@@ -97,7 +97,7 @@ from infinitrain import dispatch, train
 from infinitrain import functional as F
 tanh = F.tanh
 F.tanh = lambda t: tanh(t) * 1.01
-dispatch.op("gelu_tanh").prefer_composite(True)
+dispatch.op("linear_gelu_tanh").prefer_composite(True)
 sys.argv = ["train", *sys.argv[1:]]
 train.run()
 """
@@ -117,5 +117,6 @@ def test_train_cli_records_and_compare_names_the_op(tmp_path, capsys):
     args = [str(tmp_path / "a"), str(tmp_path / "b"), "--precision", f"--out={tmp_path / 'cmp'}"]
     assert compare.main([*args, "--throughput_tol=1e9", "--loss_tol=1"]) == 1
     out = capsys.readouterr().out
-    assert "precision: first divergence: step 1 forward: op gelu_tanh in h.0.mlp: " in out, out
-    assert "first divergence: step 1 forward: op gelu_tanh in h.0.mlp" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert "precision: first divergence: step 1 forward: op linear_gelu_tanh:0 in h.0.mlp: " in out, out
+    report = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "first divergence: step 1 forward: op linear_gelu_tanh:0 in h.0.mlp" in report

@@ -13,6 +13,12 @@
 // 16-bit output, so the result is rounded once. float64, empty shapes and the cases cuBLASLt declines run the
 // portable kernels.
 //
+// Not used, from the H200 (2026-12-02, GPT-2's MLP shapes in bfloat16): CUBLASLT_EPILOGUE_GELU_AUX_BIAS (151 us
+// against 220 us for linear then gelu_tanh) wrote pre at a coarser rounding than once (a pre of 0.0011 came back 0.0;
+// float16's at about bfloat16's precision), and CUBLASLT_EPILOGUE_DGELU (155 us against 240 us for matmul then
+// gelu_tanh_backward) missed the GEMM suite's tolerance where gelu_tanh' is near 0; DGELU_BGRAD took 443 us. So
+// linear_gelu_tanh and linear_dgelu_tanh run the portable kernels.
+//
 // The default since it was checked on the H200 (2026-12-02); INFINITRAIN_CUDA_LINEAR=portable runs the portable
 // kernels instead. Per thread and device: one cuBLASLt handle; per product, shape, dtype and operand alignment: the
 // layouts and the heuristic's algorithm, kept for the thread's life. The workspace comes from the caching

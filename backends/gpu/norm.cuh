@@ -309,7 +309,7 @@ __global__ void NormForwardGroupKernel(const T* __restrict__ x, const T* __restr
 // rows in float32, the block's 8 groups are summed in a fixed order (double) through shared memory, and block b
 // writes partial[b * W + c] (W = C, or 2C with layernorm's dbias after dweight) for NormParamsCombineKernel.
 template <bool kRms, int kPer, typename T, bool kParams>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
     NormBackwardGroupKernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                             const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in, T* __restrict__ dx,
                             double* __restrict__ partial, int64_t rows, int64_t C) {

@@ -8,6 +8,7 @@
 //     16-bit outputs add it to a float32 product instead, so they are rounded once).
 //   linear_weight_grad(grad, x, bias): dweight = grad[R, O]^T @ x[R, I] and dbias = grad's column sums, as the
 //     matmul and sum kernels compute them.
+//   linear_gelu_tanh and linear_dgelu_tanh: the linear / matmul kernels and the GELU kernels after them.
 #include <vector>
 
 #include "backends/gpu/context.h"
@@ -138,5 +139,7 @@ void PortableLinearWeightGrad(KernelContext& ctx) { LinearWeightGradFromOps(ctx)
 REGISTER_PROVIDER_KERNEL(kProviderName, "matmul", Matmul);
 REGISTER_PROVIDER_KERNEL(kProviderName, "linear", PortableLinear);
 REGISTER_PROVIDER_KERNEL(kProviderName, "linear_weight_grad", PortableLinearWeightGrad);
+REGISTER_PROVIDER_KERNEL(kProviderName, "linear_gelu_tanh", LinearGeluTanhFromOps);
+REGISTER_PROVIDER_KERNEL(kProviderName, "linear_dgelu_tanh", LinearDgeluTanhFromOps);
 
 }  // namespace infinitrain::gpu

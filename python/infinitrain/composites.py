@@ -153,6 +153,35 @@ def linear_weight_grad(grad, x, bias):
     return dw, db
 
 
+def _gelu_tanh_grad(xf):
+    """d gelu_tanh(x)/dx of a float tensor: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(u),
+    u = c (x + 0.044715 x^3), c = sqrt(2 / pi)."""
+    c = math.sqrt(2.0 / math.pi)
+    x2 = F.mul(xf, xf)
+    t = F.tanh(F.affine(F.add(xf, F.affine(F.mul(x2, xf), 0.044715, 0.0)), c, 0.0))
+    sech2 = F.affine(F.mul(t, t), -1.0, 1.0)
+    return F.add(
+        F.affine(t, 0.5, 0.5), F.mul(F.mul(F.affine(xf, 0.5 * c, 0.0), sech2), F.affine(x2, 3 * 0.044715, 1.0))
+    )
+
+
+def linear_gelu_tanh(x, weight, bias=None):
+    """(gelu_tanh(pre), pre) with pre = linear(x, weight, bias), in float32 for 16-bit inputs (each output rounded
+    once, as an epilogue rounds)."""
+    pre = F.linear(_up(x), _up(weight), None if bias is None else _up(bias))
+    return _down(gelu_tanh(pre), x.dtype), _down(pre, x.dtype)
+
+
+def linear_dgelu_tanh(grad, weight, pre, bias):
+    """(dpre, dbias): dpre = gelu_tanh'(pre) * (grad @ weight) over the flattened rows, in float32 for 16-bit
+    inputs; dbias = dpre's column sums, or [0] when bias is 0."""
+    rows = math.prod(grad.shape[:-1])
+    prod = F.matmul(_up(grad.reshape(rows, grad.shape[-1])), _up(weight))
+    dpre = F.mul(prod, _gelu_tanh_grad(_up(pre.reshape(rows, weight.shape[1]))))
+    db = _down(F.sum(dpre, 0), grad.dtype) if bias else zeros(0, dtype=grad.dtype, device=grad.device)
+    return _down(dpre, grad.dtype).reshape(*pre.shape), db
+
+
 def rmsnorm_backward(grad, x, weight, rstd):
     """(dx, dweight) from the saved rstd: with xhat = x * rstd and dxhat = grad * weight,
     dx = rstd * (dxhat - xhat * mean(dxhat * xhat)) and dweight = sum over rows of grad * xhat."""
@@ -301,6 +330,7 @@ _FORWARD = {
     "moe_topk": lambda ins, a: list(moe_topk(ins[0], a[0], a[1])),
     "moe_permute": lambda ins, a: list(moe_permute(ins[0], ins[1], a[0])),
     "moe_unpermute": lambda ins, a: [moe_unpermute(ins[0], ins[1], ins[2])],
+    "linear_gelu_tanh": lambda ins, a: list(linear_gelu_tanh(*ins)),
 }
 
 
@@ -378,6 +408,7 @@ COMPOSITES.update(
         "gelu_tanh_backward": _derived("gelu_tanh", [0], 1, [0]),
         "swiglu_backward": _derived("swiglu", [0, 1], 2, [0, 1]),
         "linear_weight_grad": _explicit(linear_weight_grad),
+        "linear_dgelu_tanh": _explicit(linear_dgelu_tanh),
         "rmsnorm_backward": _explicit(rmsnorm_backward),
         "sdpa_backward": _explicit(sdpa_backward),
         "sdpa_bthd_backward": _explicit(sdpa_bthd_backward),

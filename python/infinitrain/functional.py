@@ -953,6 +953,24 @@ def matmul(a, b, trans_a=False, trans_b=False):
     return out
 
 
+def _linear_param_grads(g, xd, weight, bias):
+    """(dweight, dbias) of linear for grad g and the saved input xd: one op, so a provider can take the bias
+    gradient in the GEMM's epilogue."""
+    want_b = bias is not None and bias.requires_grad
+    gw = gb = None
+    if weight.requires_grad:
+        gw, gb = (Tensor(t) for t in dispatch.op("linear_weight_grad")([g._t, xd._t], [int(want_b)]))
+        gb = gb if want_b else None
+    elif want_b:
+        gb = sum(g.reshape(-1, g.shape[-1]), 0)
+    return gw, gb
+
+
+def _input_grad(g, wd, x):
+    """grad @ weight over the flattened rows, in x's shape (x may be 1-d)."""
+    return matmul(g.reshape(-1, g.shape[-1]), wd).reshape(x.shape)
+
+
 def linear(x, weight, bias=None):
     x, weight, bias = _autocast(x, weight, bias)
     inputs = [x, weight] if bias is None else [x, weight, bias]
@@ -961,17 +979,43 @@ def linear(x, weight, bias=None):
         xd, wd = x.detach(), weight.detach()
 
         def backward(g):
-            gx = matmul(g, wd) if x.requires_grad else None
-            want_b = bias is not None and bias.requires_grad
-            gw = gb = None
-            if weight.requires_grad:  # one op, so a provider can take the bias gradient in the GEMM's epilogue
-                gw, gb = (Tensor(t) for t in dispatch.op("linear_weight_grad")([g._t, xd._t], [int(want_b)]))
-                gb = gb if want_b else None
-            elif want_b:
-                gb = sum(g.reshape(-1, g.shape[-1]), 0)
-            return gx, gw, gb
+            gx = _input_grad(g, wd, x) if x.requires_grad else None
+            return (gx, *_linear_param_grads(g, xd, weight, bias))
 
         _record(out, (x, weight, bias), backward, "linear", (x, weight))
+    return out
+
+
+def linear_gelu_linear(x, fc_weight, fc_bias, proj_weight, proj_bias):
+    """linear(gelu(linear(x, fc_weight, fc_bias), approximate="tanh"), proj_weight, proj_bias), GPT-2's MLP, as one
+    autograd node, so a provider can take the GELU into the first GEMM's epilogue (linear_gelu_tanh, which keeps the
+    GELU's input) and the GELU's gradient into the GEMM that brings the gradient back through proj_weight
+    (linear_dgelu_tanh)."""
+    x, fc_weight, fc_bias, proj_weight, proj_bias = _autocast(x, fc_weight, fc_bias, proj_weight, proj_bias)
+    fc_in = [x, fc_weight] if fc_bias is None else [x, fc_weight, fc_bias]
+    h, pre = (Tensor(t) for t in dispatch.op("linear_gelu_tanh")([t._t for t in fc_in], []))
+    out = _run1("linear", [h, proj_weight] if proj_bias is None else [h, proj_weight, proj_bias])
+    if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
+        xd, w1d, w2d = x.detach(), fc_weight.detach(), proj_weight.detach()
+
+        def backward(g):
+            gw2, gb2 = _linear_param_grads(g, h, proj_weight, proj_bias)
+            gx = gw1 = gb1 = None
+            if x.requires_grad or fc_weight.requires_grad or (fc_bias is not None and fc_bias.requires_grad):
+                # fc_bias's gradient from the dweight GEMM (its epilogue on cuda), not from linear_dgelu_tanh's sums.
+                gpre = Tensor(dispatch.op("linear_dgelu_tanh")([g._t, w2d._t, pre._t], [0])[0])
+                gw1, gb1 = _linear_param_grads(gpre, xd, fc_weight, fc_bias)
+                if x.requires_grad:
+                    gx = _input_grad(gpre, w1d, x)
+            return gx, gw1, gb1, gw2, gb2
+
+        _record(
+            out,
+            (x, fc_weight, fc_bias, proj_weight, proj_bias),
+            backward,
+            "linear_gelu_linear",
+            (x, fc_weight, proj_weight),
+        )
     return out
 
 

@@ -452,8 +452,8 @@ MUTANTS = [
     Mutant(
         "K26",
         "infinitrain/composed_kernels.h",
-        'if (ctx.i(0)) RunKernelOf("sum"',
-        'if (ctx.i(0) && g2.numel() < 0) RunKernelOf("sum"',
+        'if (ctx.i(0)) RunKernelOf("sum", ctx, {g2}',
+        'if (ctx.i(0) && g2.numel() < 0) RunKernelOf("sum", ctx, {g2}',
         "linear_weight_grad leaves dbias unwritten",
         ops("gemm") + ("tests/test_autograd.py",),
     ),

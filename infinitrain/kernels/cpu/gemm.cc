@@ -3,7 +3,7 @@
 //     ([..., K, M] when trans_a), b is stored [..., K, N] ([..., N, K] when trans_b); the batch dims (all but the
 //     last two) broadcast: a size-1 or missing batch dim reuses the same matrix (batch stride 0).
 //   linear(x, weight, bias?): out[R, O] = x[R, I] @ weight[O, I]^T + bias[O], R = the product of x's leading dims.
-//   linear_weight_grad(grad, x, bias): matmul's and sum's kernels (composed_kernels.h).
+//   linear_weight_grad(grad, x, bias), linear_gelu_tanh, linear_dgelu_tanh: other ops' kernels (composed_kernels.h).
 // float32 and float64 call sgemm/dgemm on the tensors directly. bfloat16 operands go to the bf16 kernels
 // (bf16_gemm.h: float32 products and sums) where the CPU has bf16 units or INFINITRAIN_CPU_BF16_GEMM says so, else
 // they are widened to float32 scratch for sgemm, as float16 always is; either way the float32 result is rounded
@@ -213,5 +213,7 @@ void LinearKernel(KernelContext& ctx) {
 REGISTER_KERNEL(DeviceType::kCPU, "matmul", MatmulKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "linear", LinearKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "linear_weight_grad", LinearWeightGradFromOps);
+REGISTER_KERNEL(DeviceType::kCPU, "linear_gelu_tanh", LinearGeluTanhFromOps);
+REGISTER_KERNEL(DeviceType::kCPU, "linear_dgelu_tanh", LinearDgeluTanhFromOps);
 
 }  // namespace infinitrain::cpu

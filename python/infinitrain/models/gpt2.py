@@ -61,7 +61,10 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, device=device, std=proj_std)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        fc, proj = self.c_fc, self.c_proj
+        if type(fc) is nn.Linear and type(proj) is nn.Linear:  # not wrapped (LoRA): one node, the GELU in the epilogues
+            return F.linear_gelu_linear(x, fc.weight, fc.bias, proj.weight, proj.bias)
+        return proj(F.gelu(fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):

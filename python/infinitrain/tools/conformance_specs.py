@@ -34,6 +34,11 @@ class Spec(NamedTuple):
 # largest |value| (2^-8 for bfloat16, 2^-11 for float16); twice that is allowed.
 ATTENTION_16 = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
 
+# linear_gelu_tanh and linear_dgelu_tanh built from other ops' kernels (CPU, portable GPU) round pre (or the product)
+# to the 16-bit dtype before the GELU (or its gradient): one more rounding of a value up to the largest |value|,
+# times |gelu_tanh'| <= 1.13, and dbias sums such rounded values; twice half an ulp is allowed.
+GELU_GEMM_16 = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+
 
 def stat(dtype):
     """Saved statistics (lse, mean, rstd, optimizer moments) are float32, float64 for float64 inputs."""
@@ -739,6 +744,19 @@ SPECS = {
     "linear_weight_grad": Spec(  # grad [2, 3, 9] and x [2, 3, 17]: six rows
         lambda gen, d: ([(_randn(gen, (2, 3, 9)), d), (_randn(gen, (2, 3, 17)), d)], [1]),
         lambda xs, at, d: [xs[0].reshape(6, 9).T @ xs[1].reshape(6, 17), xs[0].reshape(6, 9).sum(0)],
+    ),
+    "linear_gelu_tanh": Spec(  # 16 outputs: a multiple of 8, as cuBLASLt's GELU epilogue needs
+        lambda gen, d: ([(_randn(gen, (2, 3, 17)), d), (_randn(gen, (16, 17)), d), (_randn(gen, (16,)), d)], []),
+        lambda xs, at, d: [_gelu(xs[0] @ xs[1].T + xs[2]), xs[0] @ xs[1].T + xs[2]],
+        rel16=GELU_GEMM_16,
+    ),
+    "linear_dgelu_tanh": Spec(  # grad [2, 3, 9], weight [9, 16], pre [2, 3, 16]
+        lambda gen, d: ([(_randn(gen, (2, 3, 9)), d), (_randn(gen, (9, 16)), d), (_randn(gen, (2, 3, 16)), d)], [1]),
+        lambda xs, at, d: [
+            (xs[0] @ xs[1]) * _gelu_grad(xs[2]),
+            ((xs[0] @ xs[1]) * _gelu_grad(xs[2])).reshape(6, 16).sum(0),
+        ],
+        rel16=GELU_GEMM_16,
     ),
     # indexing
     "embedding": Spec(
