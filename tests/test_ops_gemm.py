@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from harness import TOL, assert_close, randn, rng, round_to, run, to_device
+from infinitrain.tools.conformance_specs import _gelu as gelu
+from infinitrain.tools.conformance_specs import _gelu_grad as gelu_grad
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -134,24 +136,11 @@ def test_linear_weight_grad(lead, out_features, in_features, bias, dtype):
         assert db.shape == (0,)
 
 
-_K0, _K1 = np.sqrt(2.0 / np.pi), 0.044715
-
-
-def gelu(x):
-    return 0.5 * x * (1.0 + np.tanh(_K0 * (x + _K1 * x**3)))
-
-
-def gelu_grad(x):
-    t = np.tanh(_K0 * (x + _K1 * x**3))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3.0 * _K1 * x * x)
-
-
 # A kernel built from linear's and gelu_tanh's kernels rounds pre to the 16-bit dtype before the GELU (an epilogue
 # does not): up to half an ulp of |pre| more, times |gelu_tanh'| <= 1.13.
 _HALF_ULP = {"bfloat16": 2.0**-9, "float16": 2.0**-12}
 
 
-# out_features a multiple of 8 takes cuda's cuBLASLt epilogue; the others its portable kernels.
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(

@@ -153,16 +153,12 @@ def linear_weight_grad(grad, x, bias):
     return dw, db
 
 
-def _gelu_tanh_grad(xf):
-    """d gelu_tanh(x)/dx of a float tensor: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2), t = tanh(u),
-    u = c (x + 0.044715 x^3), c = sqrt(2 / pi)."""
-    c = math.sqrt(2.0 / math.pi)
-    x2 = F.mul(xf, xf)
-    t = F.tanh(F.affine(F.add(xf, F.affine(F.mul(x2, xf), 0.044715, 0.0)), c, 0.0))
-    sech2 = F.affine(F.mul(t, t), -1.0, 1.0)
-    return F.add(
-        F.affine(t, 0.5, 0.5), F.mul(F.mul(F.affine(xf, 0.5 * c, 0.0), sech2), F.affine(x2, 3 * 0.044715, 1.0))
-    )
+def _gelu_tanh_vjp(x, grad):
+    """grad * gelu_tanh'(x) by autograd of the gelu_tanh composite (as gelu_tanh_backward's composite)."""
+    x = x.detach().requires_grad_()
+    with autograd.enable_grad():
+        gelu_tanh(x).backward(grad)
+    return x.grad
 
 
 def linear_gelu_tanh(x, weight, bias=None):
@@ -177,7 +173,7 @@ def linear_dgelu_tanh(grad, weight, pre, bias):
     inputs; dbias = dpre's column sums, or [0] when bias is 0."""
     rows = math.prod(grad.shape[:-1])
     prod = F.matmul(_up(grad.reshape(rows, grad.shape[-1])), _up(weight))
-    dpre = F.mul(prod, _gelu_tanh_grad(_up(pre.reshape(rows, weight.shape[1]))))
+    dpre = _gelu_tanh_vjp(_up(pre.reshape(rows, weight.shape[1])), prod)
     db = _down(F.sum(dpre, 0), grad.dtype) if bias else zeros(0, dtype=grad.dtype, device=grad.device)
     return _down(dpre, grad.dtype).reshape(*pre.shape), db
 

@@ -62,7 +62,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         fc, proj = self.c_fc, self.c_proj
-        if type(fc) is nn.Linear and type(proj) is nn.Linear:  # not wrapped (LoRA): one node, the GELU in the epilogues
+        if type(fc) is nn.Linear and type(proj) is nn.Linear:  # not wrapped (LoRA): one node a provider can fuse
             return F.linear_gelu_linear(x, fc.weight, fc.bias, proj.weight, proj.bias)
         return proj(F.gelu(fc(x), approximate="tanh"))
 

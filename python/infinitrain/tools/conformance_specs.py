@@ -745,7 +745,7 @@ SPECS = {
         lambda gen, d: ([(_randn(gen, (2, 3, 9)), d), (_randn(gen, (2, 3, 17)), d)], [1]),
         lambda xs, at, d: [xs[0].reshape(6, 9).T @ xs[1].reshape(6, 17), xs[0].reshape(6, 9).sum(0)],
     ),
-    "linear_gelu_tanh": Spec(  # 16 outputs: a multiple of 8, as cuBLASLt's GELU epilogue needs
+    "linear_gelu_tanh": Spec(  # x [2, 3, 17], weight [16, 17]
         lambda gen, d: ([(_randn(gen, (2, 3, 17)), d), (_randn(gen, (16, 17)), d), (_randn(gen, (16,)), d)], []),
         lambda xs, at, d: [_gelu(xs[0] @ xs[1].T + xs[2]), xs[0] @ xs[1].T + xs[2]],
         rel16=GELU_GEMM_16,
