@@ -59,6 +59,10 @@ RULE(LayerNorm);
 RULE(LayerNormBackward);
 RULE(RmsNorm);
 RULE(RmsNormBackward);
+RULE(AddLayerNorm);
+RULE(AddLayerNormBackward);
+RULE(AddRmsNorm);
+RULE(AddRmsNormBackward);
 RULE(SwiGlu);
 RULE(SwiGluBackward);
 RULE(Rope);
@@ -168,6 +172,10 @@ extern const OpDef kOpTable[] = {
 {"layernorm_backward(grad, x, weight, mean, rstd) -> (dx, dweight, dbias)",     R, kF,   "",                   LayerNormBackward,  "gradients of layernorm from the saved mean and rstd"},
 {"rmsnorm(x, weight; eps: float) -> (out, rstd)",                               F, kF,   "rmsnorm_backward",   RmsNorm,            "x * rsqrt(mean(x^2) + eps) * weight over the last dim; rstd [...] in float32 (float64 for float64 x)"},
 {"rmsnorm_backward(grad, x, weight, rstd) -> (dx, dweight)",                    F, kF,   "",                   RmsNormBackward,    "gradients of rmsnorm from the saved rstd"},
+{"add_layernorm(x, y, weight, bias; eps: float, dtype: str) -> (sum, out, mean, rstd)", F, kF, "add_layernorm_backward", AddLayerNorm, "a residual add and the layernorm after it in one pass: sum = x + y in x's dtype, out = layernorm(sum) rounded once to dtype ('' for x's dtype; float32 x may take a 16-bit dtype, as autocast would cast out to); y in x's dtype or dtype"},
+{"add_layernorm_backward(grad, x, weight, mean, rstd, residual?) -> (dx, dweight, dbias)", F, kF, "",          AddLayerNormBackward, "layernorm_backward with grad in x's dtype or (for float32 x) a 16-bit dtype, and residual (x's dtype and shape: the gradient x already has from its other uses) added to dx in the same pass"},
+{"add_rmsnorm(x, y, weight; eps: float, dtype: str) -> (sum, out, rstd)",       F, kF,   "add_rmsnorm_backward", AddRmsNorm,       "add_layernorm's rmsnorm: sum = x + y in x's dtype, out = rmsnorm(sum) rounded once to dtype"},
+{"add_rmsnorm_backward(grad, x, weight, rstd, residual?) -> (dx, dweight)",    F, kF,   "",                   AddRmsNormBackward, "rmsnorm_backward with grad in x's dtype or (for float32 x) a 16-bit dtype, and residual added to dx"},
 // ---- fused transformer ops ----
 {"swiglu(gate, up) -> out",                                                     F, kF,   "swiglu_backward",    SwiGlu,             "silu(gate) * up"},
 {"swiglu_backward(gate, up, grad) -> (dgate, dup)",                             F, kF,   "",                   SwiGluBackward,     "gradients of silu(gate) * up"},
@@ -692,6 +700,72 @@ RULE(RmsNormBackward) {
     CheckStats(op, in[1], in[3], "rstd");
     return {{in[1].shape(), in[1].dtype()}, {c, in[1].dtype()}};
 }
+
+// The dtype a fused norm writes out in: x's ('' or x's name), or a 16-bit float for float32 x.
+DataType NormOutType(const char* op, const Tensor& x, const std::string& name) {
+    if (name.empty()) return x.dtype();
+    const DataType o = ParseDataType(name);
+    if (o != x.dtype() && !(x.dtype() == DataType::kFloat32 && (o == DataType::kBFloat16 || o == DataType::kFloat16))) {
+        OpError(op, "dtype must be x's (" + std::string(DataTypeName(x.dtype())) +
+                        ") or, for float32 x, bfloat16 or float16; got " + name);
+    }
+    return o;
+}
+
+// in: x, y, weight[, bias]; returns sum, out and the row statistics.
+Out AddNorm(const char* op, const In& in, const Attrs& a, int params) {
+    const Tensor &x = in[0], &y = in[1];
+    if (x.dim() < 1) OpError(op, "x must be at least 1-d");
+    CheckSameShape(op, x, y, "x and y");
+    const DataType o = NormOutType(op, x, std::get<std::string>(a[1]));
+    if (y.dtype() != x.dtype() && y.dtype() != o) {
+        OpError(op, std::string("y must be ") + DataTypeName(x.dtype()) + (o != x.dtype() ? " or " : "") +
+                        (o != x.dtype() ? DataTypeName(o) : "") + ", got " + DataTypeName(y.dtype()));
+    }
+    const Shape c{x.size(-1)};
+    for (int k = 2; k < 2 + params; ++k) {
+        CheckDtype(op, in[k], x.dtype(), k == 2 ? "weight" : "bias");
+        if (in[k].shape() != c) {
+            OpError(op, std::string(k == 2 ? "weight" : "bias") + " must have shape " + ShapeToString(c) + ", got " +
+                            ShapeToString(in[k].shape()));
+        }
+    }
+    const Shape rows(x.shape().begin(), x.shape().end() - 1);
+    const DataType st = StatType(x.dtype());
+    Out out{{x.shape(), x.dtype()}, {x.shape(), o}, {rows, st}};
+    if (params == 2) out.push_back({rows, st});
+    return out;
+}
+
+// in: grad, x, weight, stats..., [residual]; returns dx and the parameter gradients.
+Out AddNormBackward(const char* op, const In& in, int stats, int params) {
+    const Tensor &g = in[0], &x = in[1], &w = in[2];
+    CheckSameShape(op, g, x, "grad and x");
+    if (g.dtype() != x.dtype() &&
+        !(x.dtype() == DataType::kFloat32 && (g.dtype() == DataType::kBFloat16 || g.dtype() == DataType::kFloat16))) {
+        OpError(op, std::string("grad must be ") + DataTypeName(x.dtype()) +
+                        (x.dtype() == DataType::kFloat32 ? ", bfloat16 or float16" : "") + ", got " +
+                        DataTypeName(g.dtype()));
+    }
+    if (x.dim() < 1) OpError(op, "x must be at least 1-d");
+    const Shape c{x.size(-1)};
+    CheckDtype(op, w, x.dtype(), "weight");
+    if (w.shape() != c) OpError(op, "weight must have shape " + ShapeToString(c));
+    for (int k = 0; k < stats; ++k) CheckStats(op, x, in[3 + k], stats == 2 && k == 0 ? "mean" : "rstd");
+    if (in.size() > static_cast<size_t>(3 + stats)) {
+        const Tensor& r = in[3 + stats];
+        CheckSameShape(op, r, x, "residual and x");
+        CheckDtype(op, r, x.dtype(), "residual");
+    }
+    Out out{{x.shape(), x.dtype()}, {c, x.dtype()}};
+    if (params == 2) out.push_back({c, x.dtype()});
+    return out;
+}
+
+RULE(AddLayerNorm) { return AddNorm(op, in, a, 2); }
+RULE(AddRmsNorm) { return AddNorm(op, in, a, 1); }
+RULE(AddLayerNormBackward) { return AddNormBackward(op, in, 2, 2); }
+RULE(AddRmsNormBackward) { return AddNormBackward(op, in, 1, 1); }
 
 RULE(SwiGlu) {
     CheckSameDtype(op, in[0], in[1]);

@@ -173,6 +173,53 @@ def test_norms_and_swiglu():
     gradcheck(F.swiglu, randn(3, 5), randn(3, 5))
 
 
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_add_norm(rms):
+    """Both outputs of the residual add + norm reach the loss, so the sum's gradient from its other use is folded
+    into the norm's backward."""
+    if rms:
+        fn = lambda x, y, w: _both(*F.add_rms_norm(x, y, w, 1e-5))  # noqa: E731
+        gradcheck(fn, randn(2, 3, 6), randn(2, 3, 6), randn(6))
+    else:
+        fn = lambda x, y, w, b: _both(*F.add_layer_norm(x, y, w, b, 1e-5))  # noqa: E731
+        gradcheck(fn, randn(2, 3, 6), randn(2, 3, 6), randn(6), randn(6))
+    gradcheck(lambda x, y: F.add_layer_norm(x, y, _t(np.ones(6), False), _t(np.zeros(6), False))[1], randn(3, 6), randn(6))
+
+
+def _both(s, out):
+    return s * 0.5 + out * out
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_add_norm_matches_add_then_norm(rms, dtype):
+    """Two pre-norm residual steps through add_*_norm give the values and gradients of x + y, the norm and a cast
+    to dtype; float32 inputs, the norm's output in dtype (bfloat16: what autocast's linears would cast it to)."""
+    gen = rng()
+    arrays = [gen.standard_normal(s) for s in [(4, 3, 16), (4, 3, 16), (4, 3, 16), (16,), (16,)]]
+    proj = it.from_numpy(gen.standard_normal((16, 16)).astype(np.float32), device=DEVICE)
+    results = []
+    for fused in (True, False):
+        x, y1, y2, w, b = (it.from_numpy(a.astype(np.float32), device=DEVICE, requires_grad=True) for a in arrays)
+        params = [w] if rms else [w, b]
+
+        def step(x, y):
+            if fused:
+                return (F.add_rms_norm if rms else F.add_layer_norm)(x, y, *params, 1e-5, dtype)
+            s = x + y
+            out = F.rms_norm(s, w, 1e-5) if rms else F.layer_norm(s, w, b, 1e-5)
+            return s, out if dtype is None else out.to(dtype)
+
+        s1, h1 = step(x, y1)
+        s2, h2 = step(s1, y2 + F.matmul(h1.to("float32"), proj))
+        loss = (s2 * s2).sum() + (h2.to("float32") * h2.to("float32")).sum()
+        loss.backward()
+        results.append([t.to("float32").numpy() for t in (s2, h2)] + [t.grad.numpy() for t in (x, y1, y2, *params)])
+    for k, (a, e) in enumerate(zip(*results, strict=True)):
+        tol = 1e-2 if dtype and k > 1 else 1e-5
+        np.testing.assert_allclose(a, e, rtol=tol, atol=tol, err_msg=f"output {k}")
+
+
 def test_rope():
     T, D = 5, 6
     ang = rng().uniform(-3, 3, (T, D // 2))

@@ -13,8 +13,18 @@ from infinitrain.tools.conformance_specs import GELU_GEMM_16
 
 FUSED = [o["name"] for o in _C.ops() if o["tier"] == "fused"]
 # Ops whose one integer flag switches a part of the computation on (rope's interleaving, the bias gradient, top-k's
-# renormalisation; linear_gelu_tanh's optional bias): each composite is checked with the flag both ways.
-FLAGGED = {"rope", "linear_weight_grad", "linear_gelu_tanh", "linear_dgelu_tanh", "moe_topk", "moe_topk_backward"}
+# renormalisation; linear_gelu_tanh's optional bias, the norm backwards' optional residual): each composite is checked
+# with the flag both ways.
+FLAGGED = {
+    "rope",
+    "linear_weight_grad",
+    "linear_gelu_tanh",
+    "linear_dgelu_tanh",
+    "moe_topk",
+    "moe_topk_backward",
+    "add_layernorm_backward",
+    "add_rmsnorm_backward",
+}
 GELU_GEMMS = {"linear_gelu_tanh", "linear_dgelu_tanh"}
 CASES = [(n, flag) for n in FUSED for flag in ((0, 1) if n in FLAGGED else (None,))]
 
@@ -45,6 +55,8 @@ def inputs_for(name, dtype, flag=None):
         "silu_backward": ([f(3, 17), f(3, 17)], []),
         "gelu_tanh_backward": ([f(3, 17), f(3, 17)], []),
         "rmsnorm": ([f(3, 17), f(17)], [1e-5]),
+        "add_layernorm": ([f(3, 17), f(3, 17), f(17), f(17)], [1e-5, ""]),
+        "add_rmsnorm": ([f(3, 17), f(3, 17), f(17)], [1e-5, ""]),
         "swiglu": ([f(3, 17), f(3, 17)], []),
         "swiglu_backward": ([f(3, 17), f(3, 17), f(3, 17)], []),
         "rope": ([f(B, T, 3, D), cos, sin], [flag]),
@@ -61,6 +73,11 @@ def inputs_for(name, dtype, flag=None):
         x, w = f(3, 17), f(17)
         rstd = _C.op("rmsnorm")([x, w], [1e-5])[1]
         return [f(3, 17), x, w, rstd], []
+    if name in ("add_layernorm_backward", "add_rmsnorm_backward"):
+        rms = name == "add_rmsnorm_backward"
+        x, w = f(3, 17), f(17)
+        stats = _C.op("rmsnorm" if rms else "layernorm")([x, w] + ([] if rms else [f(17)]), [1e-5])[1:]
+        return [f(3, 17), x, w, *stats] + ([f(3, 17)] if flag else []), []
     if name == "sdpa_backward":
         out, lse = _C.op("sdpa")([q, k, v], [1, 0.35])
         return [f(B, H, T, D), q, k, v, out, lse], [1, 0.35]

@@ -1,4 +1,5 @@
-"""softmax, log_softmax, layernorm and rmsnorm CPU kernels (forward and backward) against float64 NumPy."""
+"""softmax, log_softmax, layernorm and rmsnorm kernels, and the norms with the residual add before them
+(add_layernorm, add_rmsnorm), forward and backward, against float64 NumPy."""
 
 import numpy as np
 import pytest
@@ -213,6 +214,118 @@ def test_rmsnorm_backward(shape, dtype):
     r_dx, r_dw = ref_rmsnorm_backward(g, x, w, rstd)
     assert_close(dx, r_dx, dtype, what="rmsnorm dx")
     assert_close(dw, r_dw, dtype, what="rmsnorm dweight")
+
+
+# ---- a residual add and the norm after it (add_layernorm, add_rmsnorm) --------------------------------------
+
+# (x, y, out) dtypes: one throughout, or autocast's float32 residual stream with a 16-bit output (and y either).
+ADD_NORM_DTYPES = [(d, d, d) for d in DTYPES] + [
+    ("float32", "float32", "bfloat16"),
+    ("float32", "bfloat16", "bfloat16"),
+    ("float32", "float32", "float16"),
+    ("float32", "float16", "float16"),
+]
+# 1030: rows longer than a 32-lane group holds (a block per row on GPUs).
+ADD_NORM_SHAPES = [(65,), (4, 1), (5, 17), (3, 40, 33), (6, 1030)]
+
+
+def _norm_refs(rms, s, w, b, eps):
+    """The reference norm of s: (out, [mean,] rstd)."""
+    if rms:
+        return ref_rmsnorm(s, w, eps)
+    return ref_layernorm(s, w, b, eps)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype, yd, od", ADD_NORM_DTYPES, ids="-".join)
+@pytest.mark.parametrize("shape", ADD_NORM_SHAPES, ids=str)
+def test_add_norm(shape, dtype, yd, od, rms):
+    """sum = x + y rounded once to x's dtype; out = the norm of that sum, rounded once to out's dtype."""
+    xd = dtype
+    gen, eps = rng(), 1e-5
+    x = round_to(randn(*shape, gen=gen, scale=2.0) + 0.5, xd)
+    y = round_to(randn(*shape, gen=gen), yd)
+    w, b = round_to(randn(shape[-1], gen=gen), xd), round_to(randn(shape[-1], gen=gen), xd)
+    params = [w] if rms else [w, b]
+    ins = [to_device(x, xd), to_device(y, yd)] + [to_device(p, xd) for p in params]
+    outs = run("add_rmsnorm" if rms else "add_layernorm", ins, [eps, "" if od == xd else od])
+    assert [outs[0].dtype, outs[1].dtype] == [xd, od]
+    s = round_to(x + y, xd)
+    assert_close(outs[0], s, xd, what="sum")
+    ref = _norm_refs(rms, s, w, b, eps)
+    assert_close(outs[1], ref[0], od, what="out")
+    for got, r in zip(outs[2:], ref[1:], strict=True):
+        assert_close(got, r, stat_dtype(xd), what="statistics")
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["alone", "residual"])
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize(
+    "dtype, gd", [(d, d) for d in DTYPES] + [("float32", "bfloat16"), ("float32", "float16")], ids="-".join
+)
+@pytest.mark.parametrize("shape", ADD_NORM_SHAPES, ids=str)
+def test_add_norm_backward(shape, dtype, gd, rms, residual):
+    """The norm's gradients from a grad in x's dtype or 16-bit, with the residual gradient added to dx."""
+    gen, xd = rng(), dtype
+    x = round_to(randn(*shape, gen=gen, scale=2.0) + 0.5, xd)
+    w, g = round_to(randn(shape[-1], gen=gen), xd), round_to(randn(*shape, gen=gen), gd)
+    res = round_to(randn(*shape, gen=gen), xd)
+    st = stat_dtype(xd)
+    stats = [round_to(t, st) for t in _norm_refs(rms, x, w, 0.0, 1e-5)[1:]]
+    ins = [to_device(g, gd), to_device(x, xd), to_device(w, xd)] + [to_device(t, st) for t in stats]
+    if residual:
+        ins.append(to_device(res, xd))
+    got = run("add_rmsnorm_backward" if rms else "add_layernorm_backward", ins)
+    ref = list(ref_rmsnorm_backward(g, x, w, *stats) if rms else ref_layernorm_backward(g, x, w, *stats))
+    if residual:
+        ref[0] = ref[0] + res
+    assert len(got) == len(ref)
+    for k, (a, r) in enumerate(zip(got, ref, strict=True)):
+        assert a.dtype == xd
+        assert_close(a, r, xd, what=["dx", "dweight", "dbias"][k])
+
+
+def bf16(*shape):
+    return to_device(randn(*shape), "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "op, inputs, attrs, match",
+    [
+        ("add_layernorm", lambda: [f32(3, 4), f32(3, 5), f32(4), f32(4)], [1e-5, ""], "x and y"),
+        ("add_layernorm", lambda: [f32(3, 4), f64(3, 4), f32(4), f32(4)], [1e-5, ""], "y must be float32, got"),
+        ("add_layernorm", lambda: [f32(3, 4), f64(3, 4), f32(4), f32(4)], [1e-5, "bfloat16"], "float32 or bfloat16"),
+        ("add_layernorm", lambda: [f64(3, 4), f64(3, 4), f64(4), f64(4)], [1e-5, "bfloat16"], "dtype must be x's"),
+        ("add_layernorm", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(4)], [1e-5, "int64"], "dtype must be x's"),
+        ("add_layernorm", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(5)], [1e-5, ""], r"bias must have shape \[4\]"),
+        ("add_layernorm", lambda: [f32(3, 4), f32(3, 4), f64(4), f32(4)], [1e-5, ""], "weight must be float32"),
+        ("add_rmsnorm", lambda: [f32(3, 4), bf16(3, 4), f32(4)], [1e-5, ""], "y must be float32, got bfloat16"),
+        ("add_rmsnorm", lambda: [f32(2), f32(2), f32(2)], [1e-5], r"expected 2 attribute\(s\) \(eps, dtype\)"),
+        (
+            "add_layernorm_backward",
+            lambda: [f64(3, 4), f32(3, 4), f32(4), f32(3), f32(3)],
+            [],
+            "grad must be float32, bfloat16 or float16, got float64",
+        ),
+        (
+            "add_layernorm_backward",
+            lambda: [bf16(3, 4), f64(3, 4), f64(4), f64(3), f64(3)],
+            [],
+            "grad must be float64, got bfloat16",
+        ),
+        (
+            "add_layernorm_backward",
+            lambda: [f32(3, 4), f32(3, 4), f32(4), f32(3), f32(3), f32(3, 5)],
+            [],
+            "residual and x",
+        ),
+        ("add_rmsnorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(3), f64(3, 4)], [], "residual must be"),
+        ("add_rmsnorm_backward", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(4)], [], r"rstd must have shape \[3\]"),
+    ],
+)
+def test_add_norm_errors(op, inputs, attrs, match):
+    with pytest.raises(ValueError, match=match):
+        run(op, inputs(), attrs)
 
 
 def numeric_grads(f, arrays, g, h=1e-6):

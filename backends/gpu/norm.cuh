@@ -11,6 +11,9 @@
 //     dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) (rmsnorm without mean(dxhat)),
 //     dweight = sum over rows of grad * xhat, dbias = sum of grad, as partial sums over fixed chunks of rows
 //     combined in chunk order, so the sums are deterministic.
+//   add_layernorm / add_rmsnorm(x, a, ...): sum = x + a rounded to x's type, then the norm of sum, out in its own
+//     type (16-bit for float32 x under autocast); their backwards read a 16-bit grad for float32 x and add the
+//     residual gradient to dx before its one rounding.
 //   Rows of C <= 1024 take a 32-lane group each, the row in registers (read once, shuffles only); longer rows a
 //   block per row. The parameter gradients are a column pass over fixed row chunks and a parallel combine.
 // Precision: softmax sums in the compute type (float for float32/bfloat16/float16, double for float64); the
@@ -167,13 +170,22 @@ __global__ void SoftmaxBackwardColsKernel(const T* __restrict__ y, const T* __re
 // One block per row (grid-stride over rows). mean is null for rmsnorm (and bias with it). The row statistics
 // accumulate in double: squares of |x| ~ 1e20 overflow float, and an offset of 1e4 over a spread of 1e-2 loses the
 // variance to cancellation unless the mean is exact to far below float's rounding (x - mean is taken in double too).
-template <bool kRms, typename T>
-__global__ void NormForwardKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                                  T* __restrict__ y, Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out,
-                                  int64_t rows, int64_t C, double eps) {
+// With a (add_layernorm, add_rmsnorm: a of type Y), the row of x + a is first rounded to T into sum (each thread
+// writes and later reads back the same columns) and normalised from there; out is O.
+template <bool kRms, typename T, typename Y, typename O>
+__global__ void NormForwardKernel(const T* __restrict__ x, const Y* __restrict__ a, T* __restrict__ sum,
+                                  const T* __restrict__ w, const T* __restrict__ b, O* __restrict__ y,
+                                  Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out, int64_t rows, int64_t C,
+                                  double eps) {
     using V = Acc<T>;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = x + r * C;
+        if (a) {
+            const Y* ar = a + r * C;
+            T* sr = sum + r * C;
+            for (int64_t j = threadIdx.x; j < C; j += blockDim.x) sr[j] = FromAcc<T>(ToAcc(xr[j]) + ToAcc(ar[j]));
+            xr = sr;
+        }
         double mean = 0;
         if (!kRms) {
             double s = 0;
@@ -189,11 +201,11 @@ __global__ void NormForwardKernel(const T* __restrict__ x, const T* __restrict__
         q = BlockReduce(q, SumOp(), 0.0);
         const double var = C ? q / static_cast<double>(C) : 0.0;
         const V rstd = static_cast<V>(1.0 / Sqrt(var + eps));
-        T* yr = y + r * C;
+        O* yr = y + r * C;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
             V v = static_cast<V>(static_cast<double>(ToAcc(xr[j])) - mean) * rstd * ToAcc(w[j]);
             if (!kRms) v += ToAcc(b[j]);
-            yr[j] = FromAcc<T>(v);
+            yr[j] = FromAcc<O>(v);
         }
         if (threadIdx.x == 0) {
             if (!kRms) mean_out[r] = static_cast<V>(mean);
@@ -202,18 +214,20 @@ __global__ void NormForwardKernel(const T* __restrict__ x, const T* __restrict__
     }
 }
 
-// dx per row (one block per row); mean is null for rmsnorm.
-template <bool kRms, typename T>
-__global__ void NormBackwardDxKernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+// dx per row (one block per row); mean is null for rmsnorm. g is G (T, or 16-bit for float32 T); res, when not
+// null, is added to dx before its rounding (add_layernorm_backward).
+template <bool kRms, typename T, typename G>
+__global__ void NormBackwardDxKernel(const G* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                                      const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
-                                     T* __restrict__ dx, int64_t rows, int64_t C) {
+                                     const T* __restrict__ res, T* __restrict__ dx, int64_t rows, int64_t C) {
     using V = Acc<T>;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T *gr = g + r * C, *xr = x + r * C;
+        const G* gr = g + r * C;
+        const T* xr = x + r * C;
         const V mean = kRms ? V(0) : mean_in[r], rstd = rstd_in[r];
         V sd = 0, sdx = 0;  // sums of dxhat and dxhat * xhat
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = MulRn(ToAcc(gr[j]), ToAcc(w[j]));
+            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = MulRn(static_cast<V>(ToAcc(gr[j])), ToAcc(w[j]));
             sd += d;
             sdx += d * xh;
         }
@@ -222,16 +236,18 @@ __global__ void NormBackwardDxKernel(const T* __restrict__ g, const T* __restric
         const V mean_d = kRms ? V(0) : sd / static_cast<V>(C), mean_dx = sdx / static_cast<V>(C);
         T* dr = dx + r * C;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = MulRn(ToAcc(gr[j]), ToAcc(w[j]));
-            dr[j] = FromAcc<T>(rstd * (d - mean_d - xh * mean_dx));
+            const V xh = (ToAcc(xr[j]) - mean) * rstd, d = MulRn(static_cast<V>(ToAcc(gr[j])), ToAcc(w[j]));
+            V v = rstd * (d - mean_d - xh * mean_dx);
+            if (res) v += ToAcc(res[r * C + j]);
+            dr[j] = FromAcc<T>(v);
         }
     }
 }
 
 // Thread t owns column c = t % C over rows [p * chunk, (p + 1) * chunk), p = t / C: partial[p * W + c] = sum of
 // grad * xhat and partial[p * W + C + c] = sum of grad (dbias; skipped for rmsnorm), W = C or 2C.
-template <bool kRms, typename T>
-__global__ void NormBackwardParamsKernel(const T* __restrict__ g, const T* __restrict__ x,
+template <bool kRms, typename T, typename G>
+__global__ void NormBackwardParamsKernel(const G* __restrict__ g, const T* __restrict__ x,
                                          const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
                                          double* __restrict__ partial, int64_t rows, int64_t C, int64_t P,
                                          int64_t chunk) {
@@ -256,24 +272,34 @@ __global__ void NormBackwardParamsKernel(const T* __restrict__ g, const T* __res
 // ---- rows of up to 32 * kPer elements: a 32-lane group per row ----------------------------------------------
 
 // Lane l of a group holds columns l, l + 32, ... of its row. Groups past the last row still run every shuffle
-// (two groups share a 64-lane hardware warp), with nothing loaded or stored.
-template <bool kRms, int kPer, typename T>
-__global__ void NormForwardGroupKernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                                       T* __restrict__ y, Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out,
-                                       int64_t rows, int64_t C, double eps) {
+// (two groups share a 64-lane hardware warp), with nothing loaded or stored. a and sum as NormForwardKernel's.
+template <bool kRms, int kPer, typename T, typename Y, typename O>
+__global__ void NormForwardGroupKernel(const T* __restrict__ x, const Y* __restrict__ a, T* __restrict__ sum,
+                                       const T* __restrict__ w, const T* __restrict__ b, O* __restrict__ y,
+                                       Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out, int64_t rows,
+                                       int64_t C, double eps) {
     using V = Acc<T>;
     const int lane = threadIdx.x % kGroup;
     const int64_t per_block = blockDim.x / kGroup;
     GPU_BLOCK_ROWS_LOOP(base, rows, per_block) {
         const int64_t r = base + threadIdx.x / kGroup;
         const bool live = r < rows;
-        const T* xr = x + (live ? r : 0) * C;
+        const int64_t r0 = (live ? r : 0) * C;
         V xv[kPer];
         double s = 0;
 #pragma unroll
         for (int k = 0; k < kPer; ++k) {
             const int64_t j = lane + k * kGroup;
-            xv[k] = live && j < C ? ToAcc(xr[j]) : V(0);
+            xv[k] = V(0);
+            if (live && j < C) {
+                if (a) {
+                    const T v = FromAcc<T>(ToAcc(x[r0 + j]) + ToAcc(a[r0 + j]));
+                    sum[r0 + j] = v;
+                    xv[k] = ToAcc(v);
+                } else {
+                    xv[k] = ToAcc(x[r0 + j]);
+                }
+            }
             s += static_cast<double>(xv[k]);
         }
         double mean = 0;
@@ -288,14 +314,14 @@ __global__ void NormForwardGroupKernel(const T* __restrict__ x, const T* __restr
         const double var = C ? q / static_cast<double>(C) : 0.0;
         const V rstd = static_cast<V>(1.0 / Sqrt(var + eps));
         if (!live) continue;
-        T* yr = y + r * C;
+        O* yr = y + r * C;
 #pragma unroll
         for (int k = 0; k < kPer; ++k) {
             const int64_t j = lane + k * kGroup;
             if (j >= C) break;
             V v = static_cast<V>(static_cast<double>(xv[k]) - mean) * rstd * ToAcc(w[j]);
             if (!kRms) v += ToAcc(b[j]);
-            yr[j] = FromAcc<T>(v);
+            yr[j] = FromAcc<O>(v);
         }
         if (lane == 0) {
             if (!kRms) mean_out[r] = static_cast<V>(mean);
@@ -308,11 +334,13 @@ __global__ void NormForwardGroupKernel(const T* __restrict__ x, const T* __restr
 // parameter gradients in the same pass over g and x: lane l adds its columns' grad * xhat and grad over the group's
 // rows in float32, the block's 8 groups are summed in a fixed order (double) through shared memory, and block b
 // writes partial[b * W + c] (W = C, or 2C with layernorm's dbias after dweight) for NormParamsCombineKernel.
-template <bool kRms, int kPer, typename T, bool kParams>
+// g is G and res as NormBackwardDxKernel's.
+template <bool kRms, int kPer, typename T, typename G, bool kParams>
 __global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
-    NormBackwardGroupKernel(const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
-                            const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in, T* __restrict__ dx,
-                            double* __restrict__ partial, int64_t rows, int64_t C) {
+    NormBackwardGroupKernel(const G* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+                            const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
+                            const T* __restrict__ res, T* __restrict__ dx, double* __restrict__ partial, int64_t rows,
+                            int64_t C) {
     using V = Acc<T>;
     constexpr int kGroups = kThreads / kGroup;
     __shared__ V acc_s[kParams ? kGroups : 1][kParams ? kPer * kGroup : 1];
@@ -324,7 +352,8 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
         const int64_t r = base + grp;
         const bool live = r < rows;
         const int64_t rr = live ? r : 0;
-        const T *gr = g + rr * C, *xr = x + rr * C;
+        const G* gr = g + rr * C;
+        const T* xr = x + rr * C;
         const V mean = kRms ? V(0) : mean_in[rr], rstd = rstd_in[rr];
         V d[kPer], xh[kPer];
         V sd = 0, sdx = 0;
@@ -333,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
             const int64_t j = lane + k * kGroup;
             d[k] = xh[k] = V(0);
             if (live && j < C) {
-                const V gv = ToAcc(gr[j]);
+                const V gv = static_cast<V>(ToAcc(gr[j]));
                 xh[k] = (ToAcc(xr[j]) - mean) * rstd;
                 d[k] = MulRn(gv, ToAcc(w[j]));
                 sd += d[k];
@@ -352,7 +381,10 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
 #pragma unroll
         for (int k = 0; k < kPer; ++k) {
             const int64_t j = lane + k * kGroup;
-            if (j < C) dr[j] = FromAcc<T>(rstd * (d[k] - mean_d - xh[k] * mean_dx));
+            if (j >= C) break;
+            V v = rstd * (d[k] - mean_d - xh[k] * mean_dx);
+            if (res) v += ToAcc(res[r * C + j]);
+            dr[j] = FromAcc<T>(v);
         }
     }
     if (!kParams) return;

@@ -48,15 +48,19 @@ def enable_grad():
 
 class Node:
     """One recorded op: backward(grad) returns one gradient (or None) per input. `saved` holds
-    (native tensor, version) for each tensor the backward reads, to catch in-place writes since."""
+    (native tensor, version) for each tensor the backward reads, to catch in-place writes since. With `fold` (an
+    input's position), backward(grad, pending) also takes the gradient that input has gathered so far from its
+    other uses (or None) and returns it added to its own, so the sum costs no separate pass (a norm's backward
+    adds the residual stream's gradient in its kernel)."""
 
-    __slots__ = ("backward", "inputs", "name", "saved")
+    __slots__ = ("backward", "inputs", "name", "saved", "fold")
 
-    def __init__(self, backward, inputs, name, saved=()):
+    def __init__(self, backward, inputs, name, saved=(), fold=None):
         self.backward = backward
         self.inputs = inputs
         self.name = name
         self.saved = saved
+        self.fold = fold
 
 
 def _toposort(root):
@@ -167,7 +171,18 @@ def _run(root, grads, retain_graph):
                     f"a tensor that the backward of '{node.name}' needs was modified in place after it was "
                     f"used (version {native.version}, saved at {version}); clone it before writing to it"
                 )
-        in_grads = node.backward(g)
+        pending = None
+        if node.fold is None:
+            in_grads = node.backward(g)
+        else:
+            fp = node.inputs[node.fold]
+            if fp is not None and fp.requires_grad:
+                pending = grads.pop(id(fp), None)
+            in_grads = node.backward(g, pending)
+            if pending is not None and in_grads[node.fold] is None:
+                grads[id(fp)] = pending  # the backward declined to fold it: keep it
+            fp = None
+        pending = None
         for p, pg in zip(node.inputs, in_grads, strict=True):
             if p is None or pg is None or not p.requires_grad:
                 continue

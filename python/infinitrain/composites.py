@@ -44,6 +44,36 @@ def rmsnorm(x, weight, eps):
     return _down(out, x.dtype), rstd.reshape(x.shape[:-1])
 
 
+def add_layernorm(x, y, weight, bias, eps, dtype):
+    """(sum, out, mean, rstd): layernorm of sum = x + y in x's dtype, out cast to dtype ('' for x's)."""
+    s = F.add(x, _down(y, x.dtype))
+    out, mean, rstd = _wrap(dispatch.call("layernorm", [s, weight, bias], [eps]))
+    return s, _down(out, dtype or x.dtype), mean, rstd
+
+
+def add_rmsnorm(x, y, weight, eps, dtype):
+    """(sum, out, rstd), as add_layernorm's."""
+    s = F.add(x, _down(y, x.dtype))
+    out, rstd = _wrap(dispatch.call("rmsnorm", [s, weight], [eps]))
+    return s, _down(out, dtype or x.dtype), rstd
+
+
+def add_layernorm_backward(grad, x, weight, mean, rstd, residual=None):
+    """layernorm_backward in float32 for 16-bit x (grad widened), residual added to dx before its one rounding."""
+    ins = [_up(grad), _up(x), _up(weight), mean, rstd]
+    dx, dw, db = _wrap(dispatch.call("layernorm_backward", ins))
+    if residual is not None:
+        dx = F.add(dx, _up(residual))
+    return [_down(t, x.dtype) for t in (dx, dw, db)]
+
+
+def add_rmsnorm_backward(grad, x, weight, rstd, residual=None):
+    dx, dw = _wrap(dispatch.call("rmsnorm_backward", [_up(grad), _up(x), _up(weight), rstd]))
+    if residual is not None:
+        dx = F.add(dx, _up(residual))
+    return [_down(dx, x.dtype), _down(dw, x.dtype)]
+
+
 def swiglu(gate, up):
     g = _up(gate)
     return _down(F.mul(F.mul(g, F.sigmoid(g)), _up(up)), gate.dtype)
@@ -318,6 +348,8 @@ _FORWARD = {
     "silu": lambda ins, a: [silu(ins[0])],
     "gelu_tanh": lambda ins, a: [gelu_tanh(ins[0])],
     "rmsnorm": lambda ins, a: list(rmsnorm(ins[0], ins[1], a[0])),
+    "add_layernorm": lambda ins, a: list(add_layernorm(*ins, *a)),
+    "add_rmsnorm": lambda ins, a: list(add_rmsnorm(*ins, *a)),
     "swiglu": lambda ins, a: [swiglu(ins[0], ins[1])],
     "rope": lambda ins, a: [rope(ins[0], ins[1], ins[2], bool(a[0]))],
     "sdpa": lambda ins, a: list(sdpa(ins[0], ins[1], ins[2], bool(a[0]), a[1])),
@@ -406,6 +438,8 @@ COMPOSITES.update(
         "linear_weight_grad": _explicit(linear_weight_grad),
         "linear_dgelu_tanh": _explicit(linear_dgelu_tanh),
         "rmsnorm_backward": _explicit(rmsnorm_backward),
+        "add_layernorm_backward": _explicit(add_layernorm_backward),
+        "add_rmsnorm_backward": _explicit(add_rmsnorm_backward),
         "sdpa_backward": _explicit(sdpa_backward),
         "sdpa_bthd_backward": _explicit(sdpa_bthd_backward),
         "cross_entropy_backward": _explicit(cross_entropy_backward),

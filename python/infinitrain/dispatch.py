@@ -60,10 +60,10 @@ def needs_grad(*ts):
     return False
 
 
-def record(out, inputs, backward, name, saved=()):
-    """Makes `out` a graph node; `saved` lists the tensors whose values backward reads."""
+def record(out, inputs, backward, name, saved=(), fold=None):
+    """Makes `out` a graph node; `saved` lists the tensors whose values backward reads; `fold` as autograd.Node's."""
     out.requires_grad = True
-    out._node = autograd.Node(backward, inputs, name, tuple((t._t, t._t.version) for t in saved))
+    out._node = autograd.Node(backward, inputs, name, tuple((t._t, t._t.version) for t in saved), fold)
     return out
 
 

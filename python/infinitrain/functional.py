@@ -20,6 +20,7 @@ from infinitrain.tensor import Tensor, from_numpy, host_rng, tensor, zeros
 
 _call = dispatch.call
 _FLOATS = frozenset(("float32", "bfloat16", "float16", "float64"))
+_HALF = frozenset(("bfloat16", "float16"))
 
 
 def _run1(name, inputs, attrs=()):
@@ -1102,6 +1103,53 @@ def rms_norm(x, weight, eps=1e-5):
 
         _record(out, (x, weight), backward, "rms_norm", (x, weight))
     return out
+
+
+def _add_norm(op, x, y, params, eps, dtype):
+    """add_layernorm / add_rmsnorm with autograd: (sum, out). sum = x + y at the dtype they meet at, out the norm
+    of sum in dtype (None: sum's). sum's node passes its gradient to x and y; out's folds the gradient sum has
+    from its other uses (the residual stream's) into the norm's backward kernel."""
+    if y.shape != x.shape:
+        s = add(x, y)  # broadcasting: the add, then the norm on its own
+        norm = layer_norm if op == "add_layernorm" else rms_norm
+        out = norm(s, *params, eps)
+        return s, (out if dtype is None or out.dtype == dtype else cast(out, dtype))
+    st = dispatch.result_dtype(x, y)
+    if x.dtype != st:
+        x = cast(x, st)
+    out_dtype = dtype or st
+    # The op writes out in the sum's dtype or, for float32 sums, a 16-bit one; anything else is cast after.
+    fused_dtype = out_dtype if out_dtype == st or (st == "float32" and out_dtype in _HALF) else st
+    if y.dtype not in (st, fused_dtype):
+        y = cast(y, st)
+    params = [p if p.dtype == st else cast(p, st) for p in params]
+    outs = _call(op, [x, y, *params], [float(eps), "" if fused_dtype == st else fused_dtype])
+    s, out, stats = Tensor(outs[0]), Tensor(outs[1]), [Tensor(t) for t in outs[2:]]
+    if _needs_grad(x, y):
+        _record(s, (x, y), lambda g: (g, g), op, ())
+    if _needs_grad(x, y, *params):
+        sd = s.detach()
+
+        def backward(g, pending):
+            ins = [g, sd, params[0], *stats] + ([] if pending is None else [pending])
+            return tuple(Tensor(t) for t in _call(op + "_backward", ins))
+
+        _record(out, (s, *params), backward, op, (s, params[0]), fold=0)
+    if out.dtype != out_dtype:
+        out = cast(out, out_dtype)
+    return s, out
+
+
+def add_layer_norm(x, y, weight, bias, eps=1e-5, dtype=None):
+    """(x + y, layer_norm(x + y, weight, bias, eps)) as one op (add_layernorm): a pre-norm model's residual add
+    and the next norm, with the norm's output in dtype (None: the sum's; autocast's dtype when its consumers cast
+    to it anyway, which then costs no pass of its own)."""
+    return _add_norm("add_layernorm", x, y, [weight, bias], eps, dtype)
+
+
+def add_rms_norm(x, y, weight, eps=1e-5, dtype=None):
+    """(x + y, rms_norm(x + y, weight, eps)) as one op (add_rmsnorm), as add_layer_norm."""
+    return _add_norm("add_rmsnorm", x, y, [weight], eps, dtype)
 
 
 def swiglu(gate, up):

@@ -10,10 +10,14 @@
 //     dbias = sum_rows grad.
 //   rmsnorm(x [R, C], weight [C]): rstd = 1 / sqrt(mean(x^2) + eps); out = x * rstd * weight.
 //     rmsnorm_backward: dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), dweight = sum_rows grad * xhat.
+//   add_layernorm / add_rmsnorm(x, y, ...): sum = x + y rounded to x's dtype, then the norm of sum, out in its own
+//     dtype (16-bit for float32 x under autocast); their backwards read a 16-bit grad for float32 x and add the
+//     residual gradient to dx before its one rounding.
 // Row statistics (mean, rstd) are float32, or float64 for float64 inputs; every reduction accumulates in double.
 // dweight / dbias sum over rows: each thread sums its rows into its own double buffer, the buffers are added at
 // the end, so the result has no races.
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "infinitrain/kernels/cpu/common.h"
@@ -138,15 +142,24 @@ private:
 };
 
 // Rows [b, e) of the forward. Built in vector-width clones (the double math runs 8 or 4 wide where the CPU has
-// it); products are not contracted into FMAs, so the elementwise roundings are the same in every clone.
-template <bool kRms, typename T, typename S>
-INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormForwardRows(const T* xp, const T* wp,
-                                                                                          const T* bp, T* yp, S* mp,
+// it); products are not contracted into FMAs, so the elementwise roundings are the same in every clone. With y
+// (add_layernorm / add_rmsnorm), each row's x + y is first rounded to T into sp and normalised from there.
+template <bool kRms, typename T, typename S, typename Y, typename O>
+INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormForwardRows(const T* xp, const Y* yp,
+                                                                                          T* sp, const T* wp,
+                                                                                          const T* bp, O* outp, S* mp,
                                                                                           S* rp, int64_t c, double eps,
                                                                                           int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
         const T* xr = xp + r * c;
-        T* yr = yp + r * c;
+        O* yr = outp + r * c;
+        if (yp) {
+            const Y* ar = yp + r * c;
+            T* sr = sp + r * c;
+#pragma omp simd
+            for (int64_t j = 0; j < c; ++j) Store(sr + j, static_cast<double>(Load(xr + j)) + Load(ar + j));
+            xr = sr;
+        }
         double mean = 0, var = 0;
         // omp simd: the double sums vectorise in several partial sums (reassociated, still in double).
         if (!kRms) {
@@ -165,6 +178,8 @@ INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormFo
         for (int64_t j = 0; j < c; ++j) {
             double v = (Load(xr + j) - mean) * rstd * Load(wp + j);
             if (!kRms) v += Load(bp + j);
+            // A 16-bit out of float32 x rounds through float32, as the norm and a cast apart do.
+            if constexpr (!std::is_same_v<O, T>) v = static_cast<float>(v);
             Store(yr + j, v);
         }
         if (!kRms) mp[r] = static_cast<S>(mean);
@@ -172,13 +187,15 @@ INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormFo
     }
 }
 
-// Rows [b, e) of the backward: dx, and the rows' dweight and dbias added into dws and dbs (this thread's sums).
-template <bool kRms, typename T, typename S>
+// Rows [b, e) of the backward: dx (plus the residual gradient rsp when given), and the rows' dweight and dbias
+// added into dws and dbs (this thread's sums). grad is T, or 16-bit with float32 T.
+template <bool kRms, typename T, typename S, typename G>
 INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormBackwardRows(
-    const T* gp, const T* xp, const T* wp, const S* mp, const S* rp, T* dxp, double* dws, double* dbs, int64_t c,
-    int64_t b, int64_t e) {
+    const G* gp, const T* xp, const T* wp, const S* mp, const S* rp, const T* rsp, T* dxp, double* dws, double* dbs,
+    int64_t c, int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-        const T *gr = gp + r * c, *xr = xp + r * c;
+        const G* gr = gp + r * c;
+        const T* xr = xp + r * c;
         double mean = mp ? static_cast<double>(mp[r]) : 0.0, rstd = rp[r];
         double sum_d = 0, sum_dx = 0;  // sums of dxhat and dxhat * xhat
 #pragma omp simd reduction(+ : sum_d, sum_dx)
@@ -190,59 +207,106 @@ INFINITRAIN_SIMD_CLONES __attribute__((optimize("fp-contract=off"))) void NormBa
             dbs[j] += gv;
         }
         double mean_d = kRms ? 0.0 : sum_d / c, mean_dx = sum_dx / c;
+        if (rsp) {
+            const T* rr = rsp + r * c;
 #pragma omp simd
-        for (int64_t j = 0; j < c; ++j) {
-            double xh = (Load(xr + j) - mean) * rstd, d = static_cast<double>(Load(gr + j)) * Load(wp + j);
-            Store(dxp + r * c + j, rstd * (d - mean_d - xh * mean_dx));
+            for (int64_t j = 0; j < c; ++j) {
+                double xh = (Load(xr + j) - mean) * rstd, d = static_cast<double>(Load(gr + j)) * Load(wp + j);
+                double v = rstd * (d - mean_d - xh * mean_dx);
+                // float32 rounds dx before the add, as the norm's backward and an add apart do (activation
+                // recompute runs blocks unfused and must match bit for bit); 16-bit dtypes round once.
+                if constexpr (std::is_same_v<T, float>) v = static_cast<float>(v);
+                Store(dxp + r * c + j, v + Load(rr + j));
+            }
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < c; ++j) {
+                double xh = (Load(xr + j) - mean) * rstd, d = static_cast<double>(Load(gr + j)) * Load(wp + j);
+                Store(dxp + r * c + j, rstd * (d - mean_d - xh * mean_dx));
+            }
         }
     }
 }
 
-template <bool kRms>
-void NormForward(KernelContext& ctx, const char* op) {
-    const Tensor &x = ctx.in[0], &w = ctx.in[1];
-    const Tensor* bias = kRms ? nullptr : &ctx.in[2];
-    double eps = ctx.f(0);
-    const Tensor& out = ctx.out[0];
-    const Tensor& mean_t = ctx.out[1];  // rstd for rmsnorm: only its size is used
-    const Tensor& rstd_t = ctx.out[kRms ? 1 : 2];
-    int64_t c = x.size(-1), rows = mean_t.numel();
-    if (rows == 0) return;
-    DispatchFloat(x.dtype(), op, [&](auto tag) {
-        using T = decltype(tag);
-        using S = Acc<T>;
-        const T *xp = x.data<T>(), *wp = w.data<T>(), *bp = bias ? bias->data<T>() : nullptr;
-        T* yp = out.data<T>();
-        S* mp = kRms ? nullptr : mean_t.data<S>();
-        S* rp = rstd_t.data<S>();
-        ParallelFor(rows, c * 8,
-                    [&](int64_t b, int64_t e) { NormForwardRows<kRms, T, S>(xp, wp, bp, yp, mp, rp, c, eps, b, e); });
+// Calls f(T{}, Y{}, O{}) with a norm's x dtype T, y's Y and out's O: both T, or for float32 x out 16-bit and y
+// either (the shape rules admit nothing else).
+template <typename F>
+void DispatchNormTypes(const char* op, DataType t, DataType y, DataType o, F&& f) {
+    DispatchFloat(t, op, [&](auto tt) {
+        using T = decltype(tt);
+        if constexpr (std::is_same_v<T, float>) {
+            DispatchFloat(o, op, [&](auto ot) {
+                using O = decltype(ot);
+                if (y == t) {
+                    f(T{}, T{}, O{});
+                } else {
+                    f(T{}, O{}, O{});
+                }
+            });
+        } else {
+            f(T{}, T{}, T{});
+        }
     });
 }
 
-// in: grad, x, weight, [mean,] rstd. out: dx, dweight, [dbias].
-template <bool kRms>
+// layernorm in: x, weight, [bias]; out: y, [mean,] rstd. With kAdd (add_layernorm, add_rmsnorm) in: x, y,
+// weight, [bias]; out: sum, y, [mean,] rstd.
+template <bool kRms, bool kAdd>
+void NormForward(KernelContext& ctx, const char* op) {
+    const int k0 = kAdd ? 1 : 0;
+    const Tensor &x = ctx.in[0], &w = ctx.in[1 + k0];
+    const Tensor* add = kAdd ? &ctx.in[1] : nullptr;
+    const Tensor* bias = kRms ? nullptr : &ctx.in[2 + k0];
+    double eps = ctx.f(0);
+    const Tensor& out = ctx.out[k0];
+    const Tensor& rstd_t = ctx.out[(kRms ? 1 : 2) + k0];
+    const Tensor* mean_t = kRms ? nullptr : &ctx.out[1 + k0];
+    int64_t c = x.size(-1), rows = rstd_t.numel();
+    if (rows == 0) return;
+    DispatchNormTypes(op, x.dtype(), add ? add->dtype() : x.dtype(), out.dtype(), [&](auto tt, auto yt, auto ot) {
+        using T = decltype(tt);
+        using Y = decltype(yt);
+        using O = decltype(ot);
+        using S = Acc<T>;
+        const T *xp = x.data<T>(), *wp = w.data<T>(), *bp = bias ? bias->data<T>() : nullptr;
+        const Y* yp = add ? add->data<Y>() : nullptr;
+        T* sp = add ? ctx.out[0].data<T>() : nullptr;
+        O* outp = out.data<O>();
+        S* mp = mean_t ? mean_t->data<S>() : nullptr;
+        S* rp = rstd_t.data<S>();
+        ParallelFor(rows, c * 8, [&](int64_t b, int64_t e) {
+            NormForwardRows<kRms, T, S, Y, O>(xp, yp, sp, wp, bp, outp, mp, rp, c, eps, b, e);
+        });
+    });
+}
+
+// in: grad, x, weight, [mean,] rstd, [residual (kAdd, optional)]. out: dx, dweight, [dbias].
+template <bool kRms, bool kAdd>
 void NormBackward(KernelContext& ctx, const char* op) {
     const Tensor &g = ctx.in[0], &x = ctx.in[1], &w = ctx.in[2];
     const Tensor* mean_t = kRms ? nullptr : &ctx.in[3];
-    const Tensor& rstd_t = ctx.in[kRms ? 3 : 4];
+    const size_t nstat = kRms ? 1 : 2;
+    const Tensor& rstd_t = ctx.in[2 + nstat];
+    const Tensor* res = kAdd && ctx.in.size() > 3 + nstat ? &ctx.in[3 + nstat] : nullptr;
     CheckParam(op, x, w, "weight");
     if (mean_t) CheckStat(op, x, *mean_t, "mean");
     CheckStat(op, x, rstd_t, "rstd");
     const Tensor &dx = ctx.out[0], &dw = ctx.out[1];
     const Tensor* db = kRms ? nullptr : &ctx.out[2];
     int64_t c = x.size(-1), rows = rstd_t.numel();
-    DispatchFloat(x.dtype(), op, [&](auto tag) {
-        using T = decltype(tag);
+    DispatchNormTypes(op, x.dtype(), g.dtype(), g.dtype(), [&](auto tt, auto gt, auto) {
+        using T = decltype(tt);
+        using G = decltype(gt);
         using S = Acc<T>;
-        const T *gp = g.data<T>(), *xp = x.data<T>(), *wp = w.data<T>();
+        const G* gp = g.data<G>();
+        const T *xp = x.data<T>(), *wp = w.data<T>(), *rsp = res ? res->data<T>() : nullptr;
         const S* mp = mean_t ? mean_t->data<S>() : nullptr;
         const S* rp = rstd_t.data<S>();
         T* dxp = dx.data<T>();
         RowSums sums(2 * c);  // [dweight | dbias] per thread
         ParallelFor(rows, c * 12, [&](int64_t b, int64_t e) {
             double* dws = sums.Mine();
-            NormBackwardRows<kRms, T, S>(gp, xp, wp, mp, rp, dxp, dws, dws + c, c, b, e);
+            NormBackwardRows<kRms, T, S, G>(gp, xp, wp, mp, rp, rsp, dxp, dws, dws + c, c, b, e);
         });
         T* dwp = dw.data<T>();
         T* dbp = db ? db->data<T>() : nullptr;
@@ -253,10 +317,14 @@ void NormBackward(KernelContext& ctx, const char* op) {
     });
 }
 
-void LayerNormKernel(KernelContext& ctx) { NormForward<false>(ctx, "layernorm"); }
-void LayerNormBackwardKernel(KernelContext& ctx) { NormBackward<false>(ctx, "layernorm_backward"); }
-void RmsNormKernel(KernelContext& ctx) { NormForward<true>(ctx, "rmsnorm"); }
-void RmsNormBackwardKernel(KernelContext& ctx) { NormBackward<true>(ctx, "rmsnorm_backward"); }
+void LayerNormKernel(KernelContext& ctx) { NormForward<false, false>(ctx, "layernorm"); }
+void LayerNormBackwardKernel(KernelContext& ctx) { NormBackward<false, false>(ctx, "layernorm_backward"); }
+void RmsNormKernel(KernelContext& ctx) { NormForward<true, false>(ctx, "rmsnorm"); }
+void RmsNormBackwardKernel(KernelContext& ctx) { NormBackward<true, false>(ctx, "rmsnorm_backward"); }
+void AddLayerNormKernel(KernelContext& ctx) { NormForward<false, true>(ctx, "add_layernorm"); }
+void AddLayerNormBackwardKernel(KernelContext& ctx) { NormBackward<false, true>(ctx, "add_layernorm_backward"); }
+void AddRmsNormKernel(KernelContext& ctx) { NormForward<true, true>(ctx, "add_rmsnorm"); }
+void AddRmsNormBackwardKernel(KernelContext& ctx) { NormBackward<true, true>(ctx, "add_rmsnorm_backward"); }
 
 }  // namespace
 
@@ -268,5 +336,9 @@ REGISTER_KERNEL(DeviceType::kCPU, "layernorm", LayerNormKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "layernorm_backward", LayerNormBackwardKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "rmsnorm", RmsNormKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "rmsnorm_backward", RmsNormBackwardKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "add_layernorm", AddLayerNormKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "add_layernorm_backward", AddLayerNormBackwardKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "add_rmsnorm", AddRmsNormKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "add_rmsnorm_backward", AddRmsNormBackwardKernel);
 
 }  // namespace infinitrain::cpu

@@ -9,8 +9,8 @@ rotate halves, and models/hf.py permutes the q/k projection rows on load and sav
 
 import math
 
+from infinitrain import amp, nn
 from infinitrain import functional as F
-from infinitrain import nn
 from infinitrain.models import validate as V
 from infinitrain.models.llama3 import rope_tables
 from infinitrain.models.moe import Expert, SparseMoE, load_balancing_loss
@@ -98,8 +98,21 @@ class DecoderBlock(nn.Module):
             self.mlp = Expert(C, cfg.intermediate_size, device, 0.02, proj_std)
 
     def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, y = self.forward_split(x, cos, sin)
+        return x + y
+
+    def forward_split(self, x, cos, sin, pending=None):
+        """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
+        the block adds `pending`, the previous block's branch, in its first)."""
+        # Norms feeding this file's own layers write autocast's dtype: those layers' linears cast to it anyway.
+        lo = amp.autocast_dtype()
+        x, h = self.input_layernorm.forward_add(x, pending, lo if type(self.self_attn) is Attention else None)
+        a = self.self_attn(h, cos, sin)
+        x, h = self.post_attention_layernorm.forward_add(x, a, lo if type(self.mlp) in _MLPS else None)
+        return x, self.mlp(h)
+
+
+_MLPS = (Expert, SparseMoE)  # this family's MLPs: their first ops are linears (and the router's)
 
 
 class DecoderLM(nn.Module):
@@ -139,9 +152,14 @@ class DecoderLM(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = self._tables(T)
         x = self.embed_tokens(idx)
+        pending = None
         for block in self.layers:
-            x = block(x, cos, sin)
-        x = self.norm(x)
+            if "forward" in vars(block):  # its forward replaced (activation recompute): run it whole
+                x = block(x if pending is None else x + pending, cos, sin)
+                pending = None
+            else:
+                x, pending = block.forward_split(x, cos, sin, pending)
+        x = self.norm.forward_add(x, pending, amp.autocast_dtype())[1]
         head = getattr(self, "lm_head", None)
         logits = head(x) if head is not None else F.linear(x, self.embed_tokens.weight)
         stats = [b.mlp.router_stats for b in self.layers if isinstance(b.mlp, SparseMoE)]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infinitrain import checkpoint, nn
+from infinitrain import amp, checkpoint, nn
 from infinitrain import functional as F
 from infinitrain.models import validate as V
 from infinitrain.models.sampling import check_ids, generate
@@ -76,8 +76,17 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device, proj_std)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x, y = self.forward_split(x)
+        return x + y
+
+    def forward_split(self, x, pending=None):
+        """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
+        the block adds `pending`, the previous block's branch, in its first)."""
+        # Norms feeding this file's own layers write autocast's dtype: those layers' linears cast to it anyway.
+        lo = amp.autocast_dtype()
+        x, h = self.ln_1.forward_add(x, pending, lo if type(self.attn) is CausalSelfAttention else None)
+        x, h = self.ln_2.forward_add(x, self.attn(h), lo if type(self.mlp) is MLP else None)
+        return x, self.mlp(h)
 
 
 class GPT2(nn.Module):
@@ -99,9 +108,14 @@ class GPT2(nn.Module):
             # The tied head over the real vocabulary; embedding through it makes ids in [vocab, padded) an error.
             head = head[: self.config.vocab_size]
         x = F.embedding(idx, head) + self.wpe.weight[:T]
+        pending = None
         for block in self.h:
-            x = block(x)
-        x = self.ln_f(x)
+            if "forward" in vars(block):  # its forward replaced (activation recompute): run it whole
+                x = block(x if pending is None else x + pending)
+                pending = None
+            else:
+                x, pending = block.forward_split(x, pending)
+        x = self.ln_f.forward_add(x, pending, amp.autocast_dtype())[1]
         # The head runs over the padded vocabulary: its aligned width keeps the GEMMs on the fast path.
         if self.config.padded_vocab_size == self.config.vocab_size:
             logits = F.linear(x, self.wte.weight)

@@ -341,8 +341,21 @@ class LayerNorm(Module):
             return F.layer_norm(x, self.weight, self.bias, self.eps)
         return nnF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
+    def forward_add(self, x, y, dtype=None):
+        """(x + y, self(x + y)) in one op where the norm allows (F.add_layer_norm), the norm's output in dtype
+        (None: the sum's); y None: (x, self(x))."""
+        if y is not None and len(self.normalized_shape) == 1 and self.weight is not None and self.bias is not None:
+            return F.add_layer_norm(x, y, self.weight, self.bias, self.eps, dtype)
+        return _add_then(self, x, y, dtype)
+
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+def _add_then(norm, x, y, dtype):
+    s = x if y is None else x + y
+    out = norm(s)
+    return s, out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
 class RMSNorm(Module):
@@ -362,6 +375,12 @@ class RMSNorm(Module):
         if len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None:
             return F.rms_norm(x, self.weight, self.eps)
         return nnF.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def forward_add(self, x, y, dtype=None):
+        """(x + y, self(x + y)), as LayerNorm.forward_add (F.add_rms_norm)."""
+        if y is not None and len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None:
+            return F.add_rms_norm(x, y, self.weight, self.eps, dtype)
+        return _add_then(self, x, y, dtype)
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"

@@ -299,6 +299,37 @@ def _rmsnorm_backward_ref(xs, at, d):
     return [dx, (g * xhat).sum(tuple(range(x.ndim - 1)))]
 
 
+def _add_norm(rms):
+    """add_layernorm / add_rmsnorm: the norm's spec on sum = x + y, rounded to the case dtype as the kernel keeps it."""
+    norm_ref = _rmsnorm_ref if rms else _layernorm_ref
+
+    def make(gen, d):
+        params = [(_randn(gen, SHAPE[-1:]), d) for _ in range(1 if rms else 2)]
+        return [(_randn(gen, scale=2.0) + 0.5, d), (_randn(gen), d)] + params, [1e-5, ""]
+
+    def ref(xs, at, d):
+        s = round_to(xs[0] + xs[1], d)
+        return [s] + norm_ref([s, *xs[2:]], at, d)
+
+    return Spec(make, ref)
+
+
+def _add_norm_backward(rms):
+    """add_layernorm_backward / add_rmsnorm_backward with a residual gradient: the norm's backward, dx + residual."""
+    base_make = _rmsnorm_backward_make if rms else _layernorm_backward_make
+    base_ref = _rmsnorm_backward_ref if rms else _layernorm_backward_ref
+
+    def make(gen, d):
+        ins, at = base_make(gen, d)
+        return ins + [(_randn(gen), d)], at
+
+    def ref(xs, at, d):
+        out = base_ref(xs[:-1], at, d)
+        return [out[0] + xs[-1], *out[1:]]
+
+    return Spec(make, ref)
+
+
 def _rope_make(gen, d):
     b, t, h, dh = 2, 5, 3, 8
     freq = 10000.0 ** (-np.arange(dh // 2) / (dh // 2)) * (1 + 0.1 * gen.random(dh // 2))
@@ -801,6 +832,10 @@ SPECS = {
     "layernorm_backward": Spec(_layernorm_backward_make, _layernorm_backward_ref),
     "rmsnorm": Spec(lambda gen, d: ([(_randn(gen, scale=2.0), d), (_randn(gen, (17,)), d)], [1e-6]), _rmsnorm_ref),
     "rmsnorm_backward": Spec(_rmsnorm_backward_make, _rmsnorm_backward_ref),
+    "add_layernorm": _add_norm(False),
+    "add_layernorm_backward": _add_norm_backward(False),
+    "add_rmsnorm": _add_norm(True),
+    "add_rmsnorm_backward": _add_norm_backward(True),
     # fused
     "swiglu": Spec(
         lambda gen, d: ([(_randn(gen, scale=2.0), d), (_randn(gen), d)], []),
