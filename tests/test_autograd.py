@@ -183,7 +183,9 @@ def test_add_norm(rms):
     else:
         fn = lambda x, y, w, b: _both(*F.add_layer_norm(x, y, w, b, 1e-5))  # noqa: E731
         gradcheck(fn, randn(2, 3, 6), randn(2, 3, 6), randn(6), randn(6))
-    gradcheck(lambda x, y: F.add_layer_norm(x, y, _t(np.ones(6), False), _t(np.zeros(6), False))[1], randn(3, 6), randn(6))
+    gradcheck(
+        lambda x, y: F.add_layer_norm(x, y, _t(np.ones(6), False), _t(np.zeros(6), False))[1], randn(3, 6), randn(6)
+    )
 
 
 def _both(s, out):
@@ -203,21 +205,22 @@ def test_add_norm_matches_add_then_norm(rms, dtype):
         x, y1, y2, w, b = (it.from_numpy(a.astype(np.float32), device=DEVICE, requires_grad=True) for a in arrays)
         params = [w] if rms else [w, b]
 
-        def step(x, y):
-            if fused:
-                return (F.add_rms_norm if rms else F.add_layer_norm)(x, y, *params, 1e-5, dtype)
-            s = x + y
-            out = F.rms_norm(s, w, 1e-5) if rms else F.layer_norm(s, w, b, 1e-5)
-            return s, out if dtype is None else out.to(dtype)
-
-        s1, h1 = step(x, y1)
-        s2, h2 = step(s1, y2 + F.matmul(h1.to("float32"), proj))
+        s1, h1 = _residual_step(x, y1, params, rms, dtype, fused)
+        s2, h2 = _residual_step(s1, y2 + F.matmul(h1.to("float32"), proj), params, rms, dtype, fused)
         loss = (s2 * s2).sum() + (h2.to("float32") * h2.to("float32")).sum()
         loss.backward()
         results.append([t.to("float32").numpy() for t in (s2, h2)] + [t.grad.numpy() for t in (x, y1, y2, *params)])
     for k, (a, e) in enumerate(zip(*results, strict=True)):
         tol = 1e-2 if dtype and k > 1 else 1e-5
         np.testing.assert_allclose(a, e, rtol=tol, atol=tol, err_msg=f"output {k}")
+
+
+def _residual_step(x, y, params, rms, dtype, fused):
+    if fused:
+        return (F.add_rms_norm if rms else F.add_layer_norm)(x, y, *params, 1e-5, dtype)
+    s = x + y
+    out = F.rms_norm(s, *params, 1e-5) if rms else F.layer_norm(s, *params, 1e-5)
+    return s, out if dtype is None else out.to(dtype)
 
 
 def test_rope():

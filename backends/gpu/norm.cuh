@@ -237,7 +237,8 @@ __global__ void NormBackwardDxKernel(const G* __restrict__ g, const T* __restric
         T* dr = dx + r * C;
         for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
             const V xh = (ToAcc(xr[j]) - mean) * rstd, d = MulRn(static_cast<V>(ToAcc(gr[j])), ToAcc(w[j]));
-            V v = rstd * (d - mean_d - xh * mean_dx);
+            // The product rounded on its own (no FMA with res): the bits of the norm's backward, then an add.
+            V v = MulRn(rstd, d - mean_d - xh * mean_dx);
             if (res) v += ToAcc(res[r * C + j]);
             dr[j] = FromAcc<T>(v);
         }
@@ -274,10 +275,11 @@ __global__ void NormBackwardParamsKernel(const G* __restrict__ g, const T* __res
 // Lane l of a group holds columns l, l + 32, ... of its row. Groups past the last row still run every shuffle
 // (two groups share a 64-lane hardware warp), with nothing loaded or stored. a and sum as NormForwardKernel's.
 template <bool kRms, int kPer, typename T, typename Y, typename O>
-__global__ void NormForwardGroupKernel(const T* __restrict__ x, const Y* __restrict__ a, T* __restrict__ sum,
-                                       const T* __restrict__ w, const T* __restrict__ b, O* __restrict__ y,
-                                       Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out, int64_t rows,
-                                       int64_t C, double eps) {
+__global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 3 : 1)
+    NormForwardGroupKernel(const T* __restrict__ x, const Y* __restrict__ a, T* __restrict__ sum,
+                           const T* __restrict__ w, const T* __restrict__ b, O* __restrict__ y,
+                           Acc<T>* __restrict__ mean_out, Acc<T>* __restrict__ rstd_out, int64_t rows, int64_t C,
+                           double eps) {
     using V = Acc<T>;
     const int lane = threadIdx.x % kGroup;
     const int64_t per_block = blockDim.x / kGroup;
@@ -330,24 +332,44 @@ __global__ void NormForwardGroupKernel(const T* __restrict__ x, const Y* __restr
     }
 }
 
+// Whether NormBackwardGroupKernel keeps its per-column parameter sums in shared memory rather than registers (8
+// groups x kPer x 32 floats, twice for layernorm: 48 KiB at kPer = 24): the registers then hold only the row, so
+// three blocks fit an SM instead of two.
+template <typename V, int kPer, bool kParams>
+constexpr bool kNormSumsShared = kParams && sizeof(V) == 4 && kPer <= 24;
+
 // dx of a row per 32-lane group (grid-stride over rows: lane l holds columns l, l + 32, ...). With kParams, the
 // parameter gradients in the same pass over g and x: lane l adds its columns' grad * xhat and grad over the group's
-// rows in float32, the block's 8 groups are summed in a fixed order (double) through shared memory, and block b
-// writes partial[b * W + c] (W = C, or 2C with layernorm's dbias after dweight) for NormParamsCombineKernel.
-// g is G and res as NormBackwardDxKernel's.
+// rows in float32 (in registers, or its own slots of shared memory: kNormSumsShared), the block's 8 groups are
+// summed in a fixed order (double) through shared memory, and block b writes partial[b * W + c] (W = C, or 2C with
+// layernorm's dbias after dweight) for NormParamsCombineKernel. g is G and res as NormBackwardDxKernel's.
 template <bool kRms, int kPer, typename T, typename G, bool kParams>
-__global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, kNormSumsShared<Acc<T>, kPer, kParams> ? 3
+                                            : sizeof(T) < 8 && kPer <= 24          ? 2
+                                                                                   : 1)
     NormBackwardGroupKernel(const G* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
                             const Acc<T>* __restrict__ mean_in, const Acc<T>* __restrict__ rstd_in,
                             const T* __restrict__ res, T* __restrict__ dx, double* __restrict__ partial, int64_t rows,
                             int64_t C) {
     using V = Acc<T>;
     constexpr int kGroups = kThreads / kGroup;
-    __shared__ V acc_s[kParams ? kGroups : 1][kParams ? kPer * kGroup : 1];
+    constexpr bool kShared = kNormSumsShared<V, kPer, kParams>;
+    constexpr int kSlots = kPer * kGroup;
+    // kShared: the running sums (dweight's, then dbias's); else the registers' sums, copied here at the end.
+    __shared__ V acc_s[kParams ? kGroups : 1][kParams ? kSlots : 1];
+    __shared__ V accb_s[kShared && !kRms ? kGroups : 1][kShared && !kRms ? kSlots : 1];
     const int lane = threadIdx.x % kGroup, grp = threadIdx.x / kGroup;
-    V aw[kPer], ab[kPer];
+    V aw[kShared ? 1 : kPer], ab[kShared ? 1 : kPer];
+    if constexpr (kShared) {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) aw[k] = ab[k] = V(0);
+        for (int k = 0; k < kPer; ++k) {
+            acc_s[grp][lane + k * kGroup] = V(0);
+            if (!kRms) accb_s[grp][lane + k * kGroup] = V(0);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) aw[k] = ab[k] = V(0);
+    }
     GPU_BLOCK_ROWS_LOOP(base, rows, kGroups) {
         const int64_t r = base + grp;
         const bool live = r < rows;
@@ -367,7 +389,10 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
                 d[k] = MulRn(gv, ToAcc(w[j]));
                 sd += d[k];
                 sdx += d[k] * xh[k];
-                if (kParams) {
+                if constexpr (kShared) {  // each lane its own slots: no other thread reads them until the end
+                    acc_s[grp][lane + k * kGroup] += gv * xh[k];
+                    if (!kRms) accb_s[grp][lane + k * kGroup] += gv;
+                } else if (kParams) {
                     aw[k] += gv * xh[k];
                     ab[k] += gv;
                 }
@@ -382,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
         for (int k = 0; k < kPer; ++k) {
             const int64_t j = lane + k * kGroup;
             if (j >= C) break;
-            V v = rstd * (d[k] - mean_d - xh[k] * mean_dx);
+            V v = MulRn(rstd, d[k] - mean_d - xh[k] * mean_dx);  // as NormBackwardDxKernel's
             if (res) v += ToAcc(res[r * C + j]);
             dr[j] = FromAcc<T>(v);
         }
@@ -390,13 +415,17 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) < 8 && kPer <= 24 ? 2 : 1)
     if (!kParams) return;
     const int64_t W = kRms ? C : 2 * C;
     for (int part = 0; part < (kRms ? 1 : 2); ++part) {
+        if constexpr (!kShared) {
 #pragma unroll
-        for (int k = 0; k < kPer; ++k) acc_s[grp][lane + k * kGroup] = part == 0 ? aw[k] : ab[k];
+            for (int k = 0; k < kPer; ++k) acc_s[grp][lane + k * kGroup] = part == 0 ? aw[k] : ab[k];
+        }
         __syncthreads();
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
             double t = 0;
 #pragma unroll
-            for (int i = 0; i < kGroups; ++i) t += static_cast<double>(acc_s[i][c]);
+            for (int i = 0; i < kGroups; ++i) {
+                t += static_cast<double>(kShared && part == 1 ? accb_s[kRms ? 0 : i][kRms ? 0 : c] : acc_s[i][c]);
+            }
             partial[blockIdx.x * W + part * C + c] = t;
         }
         __syncthreads();

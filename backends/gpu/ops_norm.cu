@@ -175,15 +175,18 @@ void NormBackward(KernelContext& ctx, const char* op) {
         if constexpr (!std::is_same<T, double>::value) {  // float64's per-group sums would not fit shared memory
             if (rows > 0 && C > 0 && C <= 32 * kGroup) {
                 // One pass for dx and the parameter gradients, on a grid fixed by the shape (so is the order of the
-                // sums) of up to 256 blocks.
+                // sums): up to 384 blocks where three fit an SM (kNormSumsShared; 396 on an H200), else 256.
                 const int64_t groups = kThreads / kGroup;
-                const int64_t blocks = std::min<int64_t>(256, (rows + groups - 1) / groups);
-                Tensor partial = Scratch(ctx, {blocks * W}, DataType::kFloat64);
+                int64_t blocks = 0;
+                Tensor partial;
                 const bool fused = DispatchPerLane(C, [&](auto per) {
-                    NormBackwardGroupKernel<kRms, decltype(per)::value, T, G, true>
-                        <<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(g.data<G>(), x.data<T>(), w.data<T>(), mp,
-                                                                            rstd.data<S>(), rp, dx.data<T>(),
-                                                                            partial.data<double>(), rows, C);
+                    constexpr int kPer = decltype(per)::value;
+                    const int64_t cap = kNormSumsShared<S, kPer, true> ? 384 : 256;
+                    blocks = std::min<int64_t>(cap, (rows + groups - 1) / groups);
+                    partial = Scratch(ctx, {blocks * W}, DataType::kFloat64);
+                    NormBackwardGroupKernel<kRms, kPer, T, G, true><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+                        g.data<G>(), x.data<T>(), w.data<T>(), mp, rstd.data<S>(), rp, dx.data<T>(),
+                        partial.data<double>(), rows, C);
                 });
                 if (!fused)
                     throw std::logic_error(std::string(op) + ": no group kernel for rows of " + std::to_string(C));

@@ -12,6 +12,7 @@ import math
 from infinitrain import amp, nn
 from infinitrain import functional as F
 from infinitrain.models import validate as V
+from infinitrain.models.blocks import run_split
 from infinitrain.models.llama3 import rope_tables
 from infinitrain.models.moe import Expert, SparseMoE, load_balancing_loss
 from infinitrain.models.sampling import generate
@@ -152,13 +153,7 @@ class DecoderLM(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = self._tables(T)
         x = self.embed_tokens(idx)
-        pending = None
-        for block in self.layers:
-            if "forward" in vars(block):  # its forward replaced (activation recompute): run it whole
-                x = block(x if pending is None else x + pending, cos, sin)
-                pending = None
-            else:
-                x, pending = block.forward_split(x, cos, sin, pending)
+        x, pending = run_split(self.layers, x, cos, sin)
         x = self.norm.forward_add(x, pending, amp.autocast_dtype())[1]
         head = getattr(self, "lm_head", None)
         logits = head(x) if head is not None else F.linear(x, self.embed_tokens.weight)

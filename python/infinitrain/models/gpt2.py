@@ -10,6 +10,7 @@ import numpy as np
 from infinitrain import amp, checkpoint, nn
 from infinitrain import functional as F
 from infinitrain.models import validate as V
+from infinitrain.models.blocks import run_split
 from infinitrain.models.sampling import check_ids, generate
 from infinitrain.tensor import from_numpy
 
@@ -108,13 +109,7 @@ class GPT2(nn.Module):
             # The tied head over the real vocabulary; embedding through it makes ids in [vocab, padded) an error.
             head = head[: self.config.vocab_size]
         x = F.embedding(idx, head) + self.wpe.weight[:T]
-        pending = None
-        for block in self.h:
-            if "forward" in vars(block):  # its forward replaced (activation recompute): run it whole
-                x = block(x if pending is None else x + pending)
-                pending = None
-            else:
-                x, pending = block.forward_split(x, pending)
+        x, pending = run_split(self.h, x)
         x = self.ln_f.forward_add(x, pending, amp.autocast_dtype())[1]
         # The head runs over the padded vocabulary: its aligned width keeps the GEMMs on the fast path.
         if self.config.padded_vocab_size == self.config.vocab_size:

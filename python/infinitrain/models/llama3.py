@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infinitrain import checkpoint, nn
+from infinitrain import amp, checkpoint, nn
 from infinitrain import functional as F
 from infinitrain.models import validate as V
+from infinitrain.models.blocks import run_split
 from infinitrain.models.sampling import check_ids, generate
 from infinitrain.tensor import from_numpy
 
@@ -126,8 +127,17 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device, proj_std)
 
     def forward(self, x, cos, sin):
-        x = x + self.attn(self.ln_1(x), cos, sin)
-        return x + self.mlp(self.ln_2(x))
+        x, y = self.forward_split(x, cos, sin)
+        return x + y
+
+    def forward_split(self, x, cos, sin, pending=None):
+        """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
+        the block adds `pending`, the previous block's branch, in its first)."""
+        # Norms feeding this file's own layers write autocast's dtype: those layers' linears cast to it anyway.
+        lo = amp.autocast_dtype()
+        x, h = self.ln_1.forward_add(x, pending, lo if type(self.attn) is Attention else None)
+        x, h = self.ln_2.forward_add(x, self.attn(h, cos, sin), lo if type(self.mlp) is MLP else None)
+        return x, self.mlp(h)
 
 
 class LLaMA3(nn.Module):
@@ -158,9 +168,8 @@ class LLaMA3(nn.Module):
         B, T = check_ids("LLaMA3", idx, targets, self.config.block_size)
         cos, sin = self._tables(T)
         x = self.wte(idx)
-        for block in self.h:
-            x = block(x, cos, sin)
-        logits = self.lm_head(self.ln_f(x))
+        x, pending = run_split(self.h, x, cos, sin)
+        logits = self.lm_head(self.ln_f.forward_add(x, pending, amp.autocast_dtype())[1])
         loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
