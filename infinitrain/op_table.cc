@@ -704,7 +704,12 @@ RULE(RmsNormBackward) {
 // The dtype a fused norm writes out in: x's ('' or x's name), or a 16-bit float for float32 x.
 DataType NormOutType(const char* op, const Tensor& x, const std::string& name) {
     if (name.empty()) return x.dtype();
-    const DataType o = ParseDataType(name);
+    DataType o;
+    try {
+        o = ParseDataType(name);
+    } catch (const std::exception&) {
+        OpError(op, "dtype must be a dtype name ('' for x's), got '" + name + "'");
+    }
     if (o != x.dtype() && !(x.dtype() == DataType::kFloat32 && (o == DataType::kBFloat16 || o == DataType::kFloat16))) {
         OpError(op, "dtype must be x's (" + std::string(DataTypeName(x.dtype())) +
                         ") or, for float32 x, bfloat16 or float16; got " + name);

@@ -285,6 +285,25 @@ def test_add_norm_backward(shape, dtype, gd, rms, residual):
         assert_close(a, r, xd, what=["dx", "dweight", "dbias"][k])
 
 
+# Rows enough that each GPU group runs several (up to 384 blocks of 8 groups) at 10, 24 and 32 values a lane: the
+# backward's running per-column sums (in shared memory at <= 24) across rows, and the register path at 32.
+MANY_ROWS = [(3300, 300), (4000, 768), (3200, 1000)]
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype, gd", [("float32", "float32"), ("float32", "bfloat16"), ("bfloat16", "bfloat16")])
+@pytest.mark.parametrize("shape", MANY_ROWS, ids=str)
+def test_add_norm_backward_many_rows(shape, dtype, gd, rms):
+    test_add_norm_backward(shape, dtype, gd, rms, True)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype, yd, od", [("float32", "bfloat16", "bfloat16"), ("float16", "float16", "float16")])
+@pytest.mark.parametrize("shape", MANY_ROWS, ids=str)
+def test_add_norm_many_rows(shape, dtype, yd, od, rms):
+    test_add_norm(shape, dtype, yd, od, rms)
+
+
 def bf16(*shape):
     return to_device(randn(*shape), "bfloat16")
 
@@ -297,6 +316,7 @@ def bf16(*shape):
         ("add_layernorm", lambda: [f32(3, 4), f64(3, 4), f32(4), f32(4)], [1e-5, "bfloat16"], "float32 or bfloat16"),
         ("add_layernorm", lambda: [f64(3, 4), f64(3, 4), f64(4), f64(4)], [1e-5, "bfloat16"], "dtype must be x's"),
         ("add_layernorm", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(4)], [1e-5, "int64"], "dtype must be x's"),
+        ("add_layernorm", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(4)], [1e-5, "half"], "a dtype name .* 'half'"),
         ("add_layernorm", lambda: [f32(3, 4), f32(3, 4), f32(4), f32(5)], [1e-5, ""], r"bias must have shape \[4\]"),
         ("add_layernorm", lambda: [f32(3, 4), f32(3, 4), f64(4), f32(4)], [1e-5, ""], "weight must be float32"),
         ("add_rmsnorm", lambda: [f32(3, 4), bf16(3, 4), f32(4)], [1e-5, ""], "y must be float32, got bfloat16"),

@@ -13,7 +13,8 @@
 //     combined in chunk order, so the sums are deterministic.
 //   add_layernorm / add_rmsnorm(x, a, ...): sum = x + a rounded to x's type, then the norm of sum, out in its own
 //     type (16-bit for float32 x under autocast); their backwards read a 16-bit grad for float32 x and add the
-//     residual gradient to dx before its one rounding.
+//     residual gradient to dx: for float32 after dx's rounding (the bits of the norm's backward and an add apart),
+//     for 16-bit x before its one rounding.
 //   Rows of C <= 1024 take a 32-lane group each, the row in registers (read once, shuffles only); longer rows a
 //   block per row. The parameter gradients are a column pass over fixed row chunks and a parallel combine.
 // Precision: softmax sums in the compute type (float for float32/bfloat16/float16, double for float64); the

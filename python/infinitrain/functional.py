@@ -1109,6 +1109,8 @@ def _add_norm(op, x, y, params, eps, dtype):
     """add_layernorm / add_rmsnorm with autograd: (sum, out). sum = x + y at the dtype they meet at, out the norm
     of sum in dtype (None: sum's). sum's node passes its gradient to x and y; out's folds the gradient sum has
     from its other uses (the residual stream's) into the norm's backward kernel."""
+    if any(p is None for p in params):
+        raise ValueError(f"{op}: weight{' and bias' if len(params) == 2 else ''} must be tensors, got None")
     if y.shape != x.shape:
         s = add(x, y)  # broadcasting: the add, then the norm on its own
         norm = layer_norm if op == "add_layernorm" else rms_norm

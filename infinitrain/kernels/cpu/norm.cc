@@ -12,7 +12,8 @@
 //     rmsnorm_backward: dx = rstd * (dxhat - xhat * mean(dxhat * xhat)), dweight = sum_rows grad * xhat.
 //   add_layernorm / add_rmsnorm(x, y, ...): sum = x + y rounded to x's dtype, then the norm of sum, out in its own
 //     dtype (16-bit for float32 x under autocast); their backwards read a 16-bit grad for float32 x and add the
-//     residual gradient to dx before its one rounding.
+//     residual gradient to dx: for float32 after dx's rounding (the bits of the norm's backward and an add apart),
+//     for 16-bit x before its one rounding.
 // Row statistics (mean, rstd) are float32, or float64 for float64 inputs; every reduction accumulates in double.
 // dweight / dbias sum over rows: each thread sums its rows into its own double buffer, the buffers are added at
 // the end, so the result has no races.

@@ -105,15 +105,11 @@ class DecoderBlock(nn.Module):
     def forward_split(self, x, cos, sin, pending=None):
         """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
         the block adds `pending`, the previous block's branch, in its first)."""
-        # Norms feeding this file's own layers write autocast's dtype: those layers' linears cast to it anyway.
-        lo = amp.autocast_dtype()
-        x, h = self.input_layernorm.forward_add(x, pending, lo if type(self.self_attn) is Attention else None)
-        a = self.self_attn(h, cos, sin)
-        x, h = self.post_attention_layernorm.forward_add(x, a, lo if type(self.mlp) in _MLPS else None)
+        # Both norms feed several linears (q, k, v; gate and up, or the router and the experts), whose input
+        # gradients must meet in float32: their outputs stay in the sum's dtype.
+        x, h = self.input_layernorm.forward_add(x, pending)
+        x, h = self.post_attention_layernorm.forward_add(x, self.self_attn(h, cos, sin))
         return x, self.mlp(h)
-
-
-_MLPS = (Expert, SparseMoE)  # this family's MLPs: their first ops are linears (and the router's)
 
 
 class DecoderLM(nn.Module):
@@ -154,8 +150,10 @@ class DecoderLM(nn.Module):
         cos, sin = self._tables(T)
         x = self.embed_tokens(idx)
         x, pending = run_split(self.layers, x, cos, sin)
-        x = self.norm.forward_add(x, pending, amp.autocast_dtype())[1]
+        # The head is one linear (or the tied embedding's): the norm may write autocast's dtype for it.
         head = getattr(self, "lm_head", None)
+        one_head = head is None or type(head) is nn.Linear
+        x = self.norm.forward_add(x, pending, amp.autocast_dtype() if one_head else None)[1]
         logits = head(x) if head is not None else F.linear(x, self.embed_tokens.weight)
         stats = [b.mlp.router_stats for b in self.layers if isinstance(b.mlp, SparseMoE)]
         self.aux_loss = load_balancing_loss(stats, self.config.num_experts) if stats else None

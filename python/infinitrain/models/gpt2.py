@@ -83,11 +83,16 @@ class Block(nn.Module):
     def forward_split(self, x, pending=None):
         """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
         the block adds `pending`, the previous block's branch, in its first)."""
-        # Norms feeding this file's own layers write autocast's dtype: those layers' linears cast to it anyway.
+        # A norm whose output feeds one plain linear (c_attn; the MLP's one node) writes autocast's dtype, which the
+        # linear casts to anyway. Not for several consumers or wrapped ones (LoRA): their input gradients would
+        # meet in that dtype instead of float32.
         lo = amp.autocast_dtype()
-        x, h = self.ln_1.forward_add(x, pending, lo if type(self.attn) is CausalSelfAttention else None)
-        x, h = self.ln_2.forward_add(x, self.attn(h), lo if type(self.mlp) is MLP else None)
-        return x, self.mlp(h)
+        attn, mlp = self.attn, self.mlp
+        one_attn = type(attn) is CausalSelfAttention and type(attn.c_attn) is nn.Linear
+        one_mlp = type(mlp) is MLP and type(mlp.c_fc) is nn.Linear and type(mlp.c_proj) is nn.Linear
+        x, h = self.ln_1.forward_add(x, pending, lo if one_attn else None)
+        x, h = self.ln_2.forward_add(x, attn(h), lo if one_mlp else None)
+        return x, mlp(h)
 
 
 class GPT2(nn.Module):

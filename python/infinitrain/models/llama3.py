@@ -133,10 +133,11 @@ class Block(nn.Module):
     def forward_split(self, x, cos, sin, pending=None):
         """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
         the block adds `pending`, the previous block's branch, in its first)."""
-        # Norms feeding this file's own layers write autocast's dtype: those layers' linears cast to it anyway.
-        lo = amp.autocast_dtype()
-        x, h = self.ln_1.forward_add(x, pending, lo if type(self.attn) is Attention else None)
-        x, h = self.ln_2.forward_add(x, self.attn(h, cos, sin), lo if type(self.mlp) is MLP else None)
+        # ln_1 feeds one plain linear (c_attn), so it writes autocast's dtype, which c_attn casts to anyway; ln_2
+        # feeds two (up and gate), whose input gradients must meet in float32.
+        one_attn = type(self.attn) is Attention and type(self.attn.c_attn) is nn.Linear
+        x, h = self.ln_1.forward_add(x, pending, amp.autocast_dtype() if one_attn else None)
+        x, h = self.ln_2.forward_add(x, self.attn(h, cos, sin))
         return x, self.mlp(h)
 
 
@@ -169,7 +170,8 @@ class LLaMA3(nn.Module):
         cos, sin = self._tables(T)
         x = self.wte(idx)
         x, pending = run_split(self.h, x, cos, sin)
-        logits = self.lm_head(self.ln_f.forward_add(x, pending, amp.autocast_dtype())[1])
+        one_head = type(self.lm_head) is nn.Linear
+        logits = self.lm_head(self.ln_f.forward_add(x, pending, amp.autocast_dtype() if one_head else None)[1])
         loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
         return logits, loss
 

@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from infinitrain import autograd
+from infinitrain import autograd, dispatch
 from infinitrain import functional as F
 from infinitrain.nn import functional as nnF
 from infinitrain.tensor import DTYPES, Tensor, empty, from_numpy
@@ -342,14 +342,21 @@ class LayerNorm(Module):
         return nnF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def forward_add(self, x, y, dtype=None):
-        """(x + y, self(x + y)) in one op where the norm allows (F.add_layer_norm), the norm's output in dtype
-        (None: the sum's); y None: (x, self(x))."""
+        """(x + y, self(x + y)) in one op where the norm allows (F.add_layer_norm); y None: (x, self(x)). dtype is
+        autocast's for a float32 sum, which the norm's output is then written in (other sums keep their dtype, as
+        autocast casts only float32)."""
+        dtype = _autocast_out(x, y, dtype)
         if y is not None and len(self.normalized_shape) == 1 and self.weight is not None and self.bias is not None:
             return F.add_layer_norm(x, y, self.weight, self.bias, self.eps, dtype)
         return _add_then(self, x, y, dtype)
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+def _autocast_out(x, y, dtype):
+    sum_dtype = x.dtype if y is None else dispatch.result_dtype(x, y)
+    return dtype if sum_dtype == "float32" else None
 
 
 def _add_then(norm, x, y, dtype):
@@ -378,6 +385,7 @@ class RMSNorm(Module):
 
     def forward_add(self, x, y, dtype=None):
         """(x + y, self(x + y)), as LayerNorm.forward_add (F.add_rms_norm)."""
+        dtype = _autocast_out(x, y, dtype)
         if y is not None and len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None:
             return F.add_rms_norm(x, y, self.weight, self.eps, dtype)
         return _add_then(self, x, y, dtype)
