@@ -237,7 +237,7 @@ def _norm_refs(rms, s, w, b, eps):
 
 
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
-@pytest.mark.parametrize("dtype, yd, od", ADD_NORM_DTYPES, ids="-".join)
+@pytest.mark.parametrize("dtype, yd, od", ADD_NORM_DTYPES)
 @pytest.mark.parametrize("shape", ADD_NORM_SHAPES, ids=str)
 def test_add_norm(shape, dtype, yd, od, rms):
     """sum = x + y rounded once to x's dtype; out = the norm of that sum, rounded once to out's dtype."""
@@ -260,9 +260,7 @@ def test_add_norm(shape, dtype, yd, od, rms):
 
 @pytest.mark.parametrize("residual", [False, True], ids=["alone", "residual"])
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
-@pytest.mark.parametrize(
-    "dtype, gd", [(d, d) for d in DTYPES] + [("float32", "bfloat16"), ("float32", "float16")], ids="-".join
-)
+@pytest.mark.parametrize("dtype, gd", [(d, d) for d in DTYPES] + [("float32", "bfloat16"), ("float32", "float16")])
 @pytest.mark.parametrize("shape", ADD_NORM_SHAPES, ids=str)
 def test_add_norm_backward(shape, dtype, gd, rms, residual):
     """The norm's gradients from a grad in x's dtype or 16-bit, with the residual gradient added to dx."""
