@@ -188,6 +188,16 @@ def test_add_norm(rms):
     )
 
 
+def test_add_norm_bad_input():
+    x, w = _t(randn(2, 4)), _t(randn(4))
+    with pytest.raises(TypeError, match="y must be a tensor"):
+        F.add_layer_norm(x, 1.0, w, w)
+    with pytest.raises(ValueError, match="weight and bias must be tensors, got None"):
+        F.add_layer_norm(x, x, w, None)
+    with pytest.raises(ValueError, match="weight must be a tensor, got None"):
+        F.add_rms_norm(x, x, None)
+
+
 def _both(s, out):
     return s * 0.5 + out * out
 

@@ -79,6 +79,19 @@ def test_matmul_empty(sa, sb, expect, dtype):
     assert_close(out, np.zeros(expect), dtype, what="empty matmul")
 
 
+def _linear_case(x_shape, out_features, bias, dtype):
+    """Fresh x [..., in], weight [out, in] (and bias [out]) in dtype: (device inputs, float64 x @ w^T [+ bias])."""
+    g = rng()
+    x = round_to(randn(*x_shape, gen=g), dtype)
+    w = round_to(randn(out_features, x_shape[-1], gen=g), dtype)
+    inputs, ref = [to_device(x, dtype), to_device(w, dtype)], x @ w.T
+    if bias:
+        bvec = round_to(randn(out_features, gen=g), dtype)
+        inputs.append(to_device(bvec, dtype))
+        ref = ref + bvec
+    return inputs, ref
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(
@@ -87,16 +100,8 @@ def test_matmul_empty(sa, sb, expect, dtype):
     ids=str,
 )
 def test_linear(x_shape, out_features, bias, dtype):
-    g = rng()
     in_features = x_shape[-1]
-    x = round_to(randn(*x_shape, gen=g), dtype)
-    w = round_to(randn(out_features, in_features, gen=g), dtype)
-    inputs = [to_device(x, dtype), to_device(w, dtype)]
-    ref = x @ w.T
-    if bias:
-        bvec = round_to(randn(out_features, gen=g), dtype)
-        inputs.append(to_device(bvec, dtype))
-        ref = ref + bvec
+    inputs, ref = _linear_case(x_shape, out_features, bias, dtype)
     out = run("linear", inputs)[0]
     rtol, atol = gemm_tol(dtype, in_features)
     assert_close(out, ref, dtype, rtol, atol, what=f"linear {x_shape} -> {out_features} bias={bias}")
@@ -147,16 +152,8 @@ _HALF_ULP = {"bfloat16": 2.0**-9, "float16": 2.0**-12}
     "x_shape, out_features", [((17,), 8), ((5, 17), 33), ((2, 3, 65), 16), ((4, 9, 128), 64), ((0, 24), 8)], ids=str
 )
 def test_linear_gelu_tanh(x_shape, out_features, bias, dtype):
-    g = rng()
     in_features = x_shape[-1]
-    x = round_to(randn(*x_shape, gen=g), dtype)
-    w = round_to(randn(out_features, in_features, gen=g), dtype)
-    inputs = [to_device(x, dtype), to_device(w, dtype)]
-    pre_ref = x @ w.T
-    if bias:
-        bvec = round_to(randn(out_features, gen=g), dtype)
-        inputs.append(to_device(bvec, dtype))
-        pre_ref = pre_ref + bvec
+    inputs, pre_ref = _linear_case(x_shape, out_features, bias, dtype)
     out, pre = run("linear_gelu_tanh", inputs)
     rtol, atol = gemm_tol(dtype, in_features)
     what = f"linear_gelu_tanh {x_shape} -> {out_features} bias={bias}"

@@ -171,18 +171,15 @@ def _run(root, grads, retain_graph):
                     f"a tensor that the backward of '{node.name}' needs was modified in place after it was "
                     f"used (version {native.version}, saved at {version}); clone it before writing to it"
                 )
-        pending = None
         if node.fold is None:
             in_grads = node.backward(g)
         else:
             fp = node.inputs[node.fold]
-            if fp is not None and fp.requires_grad:
-                pending = grads.pop(id(fp), None)
+            pending = grads.pop(id(fp), None) if fp is not None and fp.requires_grad else None
             in_grads = node.backward(g, pending)
             if pending is not None and in_grads[node.fold] is None:
                 grads[id(fp)] = pending  # the backward declined to fold it: keep it
-            fp = None
-        pending = None
+            fp = pending = None  # no stray references (see in_grads below)
         for p, pg in zip(node.inputs, in_grads, strict=True):
             if p is None or pg is None or not p.requires_grad:
                 continue

@@ -1109,8 +1109,11 @@ def _add_norm(op, x, y, params, eps, dtype):
     """add_layernorm / add_rmsnorm with autograd: (sum, out). sum = x + y at the dtype they meet at, out the norm
     of sum in dtype (None: sum's). sum's node passes its gradient to x and y; out's folds the gradient sum has
     from its other uses (the residual stream's) into the norm's backward kernel."""
+    if not isinstance(y, Tensor):
+        raise TypeError(f"{op}: y must be a tensor of x's shape, got {type(y).__name__}")
     if any(p is None for p in params):
-        raise ValueError(f"{op}: weight{' and bias' if len(params) == 2 else ''} must be tensors, got None")
+        what = "weight and bias must be tensors" if len(params) == 2 else "weight must be a tensor"
+        raise ValueError(f"{op}: {what}, got None")
     if y.shape != x.shape:
         s = add(x, y)  # broadcasting: the add, then the norm on its own
         norm = layer_norm if op == "add_layernorm" else rms_norm

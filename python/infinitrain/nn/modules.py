@@ -336,8 +336,11 @@ class LayerNorm(Module):
         else:
             self.weight = self.bias = None
 
+    def _one_op(self):
+        return len(self.normalized_shape) == 1 and self.weight is not None and self.bias is not None
+
     def forward(self, x):
-        if len(self.normalized_shape) == 1 and self.weight is not None and self.bias is not None:
+        if self._one_op():
             return F.layer_norm(x, self.weight, self.bias, self.eps)
         return nnF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
@@ -346,7 +349,7 @@ class LayerNorm(Module):
         autocast's for a float32 sum, which the norm's output is then written in (other sums keep their dtype, as
         autocast casts only float32)."""
         dtype = _autocast_out(x, y, dtype)
-        if y is not None and len(self.normalized_shape) == 1 and self.weight is not None and self.bias is not None:
+        if y is not None and self._one_op():
             return F.add_layer_norm(x, y, self.weight, self.bias, self.eps, dtype)
         return _add_then(self, x, y, dtype)
 
@@ -378,15 +381,18 @@ class RMSNorm(Module):
             else None
         )
 
+    def _one_op(self):
+        return len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None
+
     def forward(self, x):
-        if len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None:
+        if self._one_op():
             return F.rms_norm(x, self.weight, self.eps)
         return nnF.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
     def forward_add(self, x, y, dtype=None):
         """(x + y, self(x + y)), as LayerNorm.forward_add (F.add_rms_norm)."""
         dtype = _autocast_out(x, y, dtype)
-        if y is not None and len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None:
+        if y is not None and self._one_op():
             return F.add_rms_norm(x, y, self.weight, self.eps, dtype)
         return _add_then(self, x, y, dtype)
 
