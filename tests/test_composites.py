@@ -52,6 +52,8 @@ def inputs_for(name, dtype, flag=None):
     table = {
         "silu": ([f(3, 17)], []),
         "gelu_tanh": ([f(3, 17)], []),
+        "gelu": ([f(3, 17)], []),
+        "gelu_backward": ([f(3, 17), f(3, 17)], []),
         "silu_backward": ([f(3, 17), f(3, 17)], []),
         "gelu_tanh_backward": ([f(3, 17), f(3, 17)], []),
         "rmsnorm": ([f(3, 17), f(17)], [1e-5]),
@@ -170,6 +172,7 @@ def _both_paths(fn, *arrays):
     [
         (F.silu, [(3, 9)]),
         (F.gelu, [(3, 9)]),
+        (lambda x: F.gelu(x, approximate="tanh"), [(3, 9)]),
         (lambda x, w: F.rms_norm(x, w, 1e-5), [(3, 9), (9,)]),
         (F.swiglu, [(3, 9), (3, 9)]),
         (

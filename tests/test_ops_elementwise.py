@@ -2,6 +2,7 @@
 binary arithmetic and comparisons, where, masked_fill, axpy_ and swiglu, against float64 NumPy
 references computed from the dtype-rounded inputs."""
 
+import math
 import os
 
 import numpy as np
@@ -27,6 +28,17 @@ def _gelu_grad(x):
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * K0 * (1.0 + 3.0 * K1 * x * x)
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _normal_cdf(x):
+    return 0.5 * np.vectorize(math.erfc, otypes=[np.float64])(-x / math.sqrt(2.0))
+
+
+def _gelu_exact_grad(x):
+    return _normal_cdf(x) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
 def _silu_grad(x):
     s = _sigmoid(x)
     return s * (1.0 + x * (1.0 - s))
@@ -47,12 +59,23 @@ UNARY = {
     "relu": (lambda x: np.maximum(x, 0.0), "any"),
     "silu": (lambda x: x * _sigmoid(x), "any"),
     "gelu_tanh": (_gelu, "any"),
+    "gelu": (lambda x: x * _normal_cdf(x), "any"),
+    "erf": (_erf, "any"),
+    "log1p": (np.log1p, "above-1"),
+    "expm1": (np.expm1, "any"),
+    "floor": (np.floor, "any"),
+    "ceil": (np.ceil, "any"),
+    "round": (np.round, "any"),  # halves to even on both sides
+    "trunc": (np.trunc, "any"),
+    "sign": (np.sign, "any"),
 }
 SHAPES = [(), (1,), (3,), (17, 33), (2, 1, 65), (0, 3), (40001,)]
 
 
 def _input(domain, shape, dtype, gen=None):
     gen = gen or rng()
+    if domain == "above-1":
+        return _round(gen.uniform(-0.99, 4.0, shape), dtype)
     x = np.exp(randn(*shape, gen=gen)) if domain == "pos" else randn(*shape, gen=gen, scale=2.0)
     return _round(x, dtype)
 
@@ -82,7 +105,7 @@ def test_unary(op, dtype, shape):
     assert_close(out, ref(x), dtype, what=op)
 
 
-@pytest.mark.parametrize("op", ["sigmoid", "silu", "gelu_tanh", "tanh", "exp"])
+@pytest.mark.parametrize("op", ["sigmoid", "silu", "gelu_tanh", "gelu", "erf", "tanh", "exp"])
 def test_unary_tails(op):
     # Large |x|: the stable forms must neither overflow to NaN nor lose the small left tails.
     x = np.array([-200.0, -80.0, -30.0, -9.0, -3.0, 3.0, 9.0, 30.0, 80.0])
@@ -97,7 +120,7 @@ def test_unary_tails(op):
 
 def test_unary_nan_propagates():
     x = np.array([np.nan, 1.0, -1.0])
-    for op in ("neg", "exp", "abs", "tanh", "sigmoid", "relu", "silu", "gelu_tanh"):
+    for op in ("neg", "exp", "abs", "tanh", "sigmoid", "relu", "silu", "gelu_tanh", "gelu", "erf", "sign", "floor"):
         (out,) = run(op, [_tensor(x, "float32")])
         assert np.isnan(out.numpy()[0]), op
 
@@ -138,6 +161,7 @@ UNARY_BW = {
     "relu_backward": ("relu", False, lambda x: (x > 0).astype(np.float64)),
     "silu_backward": ("silu", False, _silu_grad),
     "gelu_tanh_backward": ("gelu_tanh", False, _gelu_grad),
+    "gelu_backward": ("gelu", False, _gelu_exact_grad),
 }
 
 
@@ -176,7 +200,7 @@ def test_unary_backward_finite_difference(op):
     assert_close(dx, fd, "float64", rtol=1e-6, atol=1e-8, what=op)  # finite-difference error ~1e-9
 
 
-@pytest.mark.parametrize("op", ["silu_backward", "gelu_tanh_backward"])
+@pytest.mark.parametrize("op", ["silu_backward", "gelu_tanh_backward", "gelu_backward"])
 def test_unary_backward_tails(op):
     # Saturated tails: x^2 may overflow in float32, the derivative must still be 0 or 1, not NaN.
     for dtype in DTYPES:
@@ -201,6 +225,12 @@ BINARY = {
     "div": np.divide,
     "maximum": np.maximum,
     "minimum": np.minimum,
+    "pow": np.power,
+    "fmod": np.fmod,
+    "remainder": lambda a, b: np.where(
+        (np.fmod(a, b) != 0) & ((np.fmod(a, b) < 0) != (b < 0)), np.fmod(a, b) + b, np.fmod(a, b)
+    ),
+    "atan2": np.arctan2,
 }
 BCAST = [
     ((3, 4), (3, 4)),
@@ -221,7 +251,7 @@ BCAST = [
 
 
 def _operand(shape, op, dtype, gen):
-    if op == "div":  # keep |b| away from 0
+    if op in ("div", "fmod", "remainder"):  # keep |b| away from 0
         v = gen.uniform(0.5, 2.0, shape) * gen.choice([-1.0, 1.0], shape)
         return _round(np.asarray(v, dtype=np.float64), dtype)
     return _round(randn(*shape, gen=gen), dtype)
@@ -232,7 +262,9 @@ def _operand(shape, op, dtype, gen):
 @pytest.mark.parametrize("op", sorted(BINARY))
 def test_binary(op, dtype, shapes):
     gen = rng()
-    a = _round(randn(*shapes[0], gen=gen), dtype)
+    a = _round(randn(*shapes[0], gen=gen, scale=3.0 if op in ("fmod", "remainder") else 1.0), dtype)
+    if op == "pow":  # a positive base of modest size: every power finite in float16
+        a = _round(gen.uniform(0.5, 2.0, shapes[0]), dtype)
     b = _operand(shapes[1], op, dtype, gen)
     (out,) = run(op, [_tensor(a, dtype), _tensor(b, dtype)])
     expected = BINARY[op](a, b)

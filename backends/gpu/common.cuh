@@ -188,6 +188,26 @@ __device__ __forceinline__ float Tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double Tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float Pow(float x, float p) { return powf(x, p); }
 __device__ __forceinline__ double Pow(double x, double p) { return pow(x, p); }
+__device__ __forceinline__ float Erf(float x) { return erff(x); }
+__device__ __forceinline__ double Erf(double x) { return erf(x); }
+__device__ __forceinline__ float Erfc(float x) { return erfcf(x); }
+__device__ __forceinline__ double Erfc(double x) { return erfc(x); }
+__device__ __forceinline__ float Log1p(float x) { return log1pf(x); }
+__device__ __forceinline__ double Log1p(double x) { return log1p(x); }
+__device__ __forceinline__ float Expm1(float x) { return expm1f(x); }
+__device__ __forceinline__ double Expm1(double x) { return expm1(x); }
+__device__ __forceinline__ float Floor(float x) { return floorf(x); }
+__device__ __forceinline__ double Floor(double x) { return floor(x); }
+__device__ __forceinline__ float Ceil(float x) { return ceilf(x); }
+__device__ __forceinline__ double Ceil(double x) { return ceil(x); }
+__device__ __forceinline__ float Rint(float x) { return rintf(x); }
+__device__ __forceinline__ double Rint(double x) { return rint(x); }
+__device__ __forceinline__ float Trunc(float x) { return truncf(x); }
+__device__ __forceinline__ double Trunc(double x) { return trunc(x); }
+__device__ __forceinline__ float Fmod(float a, float b) { return fmodf(a, b); }
+__device__ __forceinline__ double Fmod(double a, double b) { return fmod(a, b); }
+__device__ __forceinline__ float Atan2(float a, float b) { return atan2f(a, b); }
+__device__ __forceinline__ double Atan2(double a, double b) { return atan2(a, b); }
 __device__ __forceinline__ float Fabs(float x) { return fabsf(x); }
 __device__ __forceinline__ double Fabs(double x) { return fabs(x); }
 __device__ __forceinline__ float Fmax(float a, float b) { return fmaxf(a, b); }

@@ -10,7 +10,8 @@
 //
 // Precision: bfloat16/float16 load to float, compute in float and round once
 // on store; float64 computes in double. Functions are the CPU's: sigmoid
-// splits at x = 0 so neither tail overflows, gelu_tanh is x * sigmoid(2u).
+// splits at x = 0 so neither tail overflows, gelu_tanh is x * sigmoid(2u); the
+// exact GELU is x Phi(x) with Phi from the vendor's erfc (a few ulp).
 // maximum/minimum propagate NaN; relu and clamp pass NaN through. Comparisons
 // write bool as uint8 0/1.
 #pragma once
@@ -131,6 +132,44 @@ struct GeluTanhF {
     }
 };
 
+// Phi(x) = erfc(-x / sqrt 2) / 2: erfc keeps the relative accuracy of the left tail, where x Phi(x) is small.
+template <typename V>
+__device__ __forceinline__ V NormalCdf(V x) {
+    return V(0.5) * Erfc(-x * V(0.70710678118654752440));
+}
+
+// d/dx x Phi(x) = Phi(x) + x phi(x); the tails skip inf * 0.
+template <typename V>
+__device__ __forceinline__ V GeluGrad(V x) {
+    const V cdf = NormalCdf(x);
+    const V e = Exp(V(-0.5) * x * x);
+    return e == V(0) ? cdf : cdf + x * e * V(0.3989422804014327);
+}
+
+struct GeluF {
+    template <typename V>
+    __device__ V operator()(V x) const {
+        return x * NormalCdf(x);
+    }
+};
+
+#define GPU_MATH_F(Name, expr)               \
+    struct Name {                            \
+        template <typename V>                \
+        __device__ V operator()(V x) const { \
+            return expr;                     \
+        }                                    \
+    };
+GPU_MATH_F(ErfF, Erf(x))
+GPU_MATH_F(Log1pF, Log1p(x))
+GPU_MATH_F(Expm1F, Expm1(x))
+GPU_MATH_F(FloorF, Floor(x))
+GPU_MATH_F(CeilF, Ceil(x))
+GPU_MATH_F(RoundF, Rint(x))  // halves to even
+GPU_MATH_F(TruncF, Trunc(x))
+GPU_MATH_F(SignF, x != x ? x : V((V(0) < x) - (x < V(0))))  // NaN passes through
+#undef GPU_MATH_F
+
 template <typename V>
 struct AffineF {
     V scale, bias;
@@ -179,6 +218,12 @@ struct GeluTanhBackwardF {
         return g * GeluTanhGrad(x);
     }
 };
+struct GeluBackwardF {
+    template <typename V>
+    __device__ V operator()(V x, V g) const {
+        return g * GeluGrad(x);
+    }
+};
 
 struct AddF {
     template <typename V>
@@ -214,6 +259,31 @@ struct MinimumF {
     template <typename V>
     __device__ V operator()(V a, V b) const {
         return (a < b || a != a) ? a : b;
+    }
+};
+struct PowBinF {
+    template <typename V>
+    __device__ V operator()(V a, V b) const {
+        return Pow(a, b);
+    }
+};
+struct FmodF {
+    template <typename V>
+    __device__ V operator()(V a, V b) const {
+        return Fmod(a, b);
+    }
+};
+struct RemainderF {
+    template <typename V>
+    __device__ V operator()(V a, V b) const {
+        const V r = Fmod(a, b);
+        return (r != V(0) && ((r < V(0)) != (b < V(0)))) ? r + b : r;  // the divisor's sign, as Python's %
+    }
+};
+struct Atan2F {
+    template <typename V>
+    __device__ V operator()(V a, V b) const {
+        return Atan2(a, b);
     }
 };
 struct SwigluF {

@@ -93,11 +93,25 @@ GPU_UNARY("sigmoid", SigmoidF)
 GPU_UNARY("relu", ReluF)
 GPU_UNARY("silu", SiluF)
 GPU_UNARY("gelu_tanh", GeluTanhF)
+GPU_UNARY("gelu", GeluF)
+GPU_UNARY("erf", ErfF)
+GPU_UNARY("log1p", Log1pF)
+GPU_UNARY("expm1", Expm1F)
+GPU_UNARY("floor", FloorF)
+GPU_UNARY("ceil", CeilF)
+GPU_UNARY("round", RoundF)
+GPU_UNARY("trunc", TruncF)
+GPU_UNARY("sign", SignF)
 GPU_BINARY("tanh_backward", TanhBackwardF)
 GPU_BINARY("sigmoid_backward", SigmoidBackwardF)
 GPU_BINARY("relu_backward", ReluBackwardF)
 GPU_BINARY("silu_backward", SiluBackwardF)
 GPU_BINARY("gelu_tanh_backward", GeluTanhBackwardF)
+GPU_BINARY("gelu_backward", GeluBackwardF)
+GPU_BINARY("pow", PowBinF)
+GPU_BINARY("fmod", FmodF)
+GPU_BINARY("remainder", RemainderF)
+GPU_BINARY("atan2", Atan2F)
 GPU_BINARY("add", AddF)
 GPU_BINARY("sub", SubF)
 GPU_BINARY("mul", MulF)
@@ -195,11 +209,25 @@ REGISTER_PROVIDER_KERNEL(kProviderName, "sigmoid", SigmoidFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "relu", ReluFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "silu", SiluFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "gelu_tanh", GeluTanhFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "gelu", GeluFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "erf", ErfFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "log1p", Log1pFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "expm1", Expm1FKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "floor", FloorFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "ceil", CeilFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "round", RoundFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "trunc", TruncFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "sign", SignFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "tanh_backward", TanhBackwardFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "sigmoid_backward", SigmoidBackwardFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "relu_backward", ReluBackwardFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "silu_backward", SiluBackwardFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "gelu_tanh_backward", GeluTanhBackwardFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "gelu_backward", GeluBackwardFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "pow", PowBinFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "fmod", FmodFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "remainder", RemainderFKernel);
+REGISTER_PROVIDER_KERNEL(kProviderName, "atan2", Atan2FKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "add", AddFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "sub", SubFKernel);
 REGISTER_PROVIDER_KERNEL(kProviderName, "mul", MulFKernel);

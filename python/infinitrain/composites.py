@@ -36,6 +36,13 @@ def gelu_tanh(x):
     return _down(F.mul(F.affine(xf, 0.5, 0.0), F.affine(F.tanh(inner), 1.0, 1.0)), x.dtype)
 
 
+def gelu(x):
+    """x Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2 from erf on the tail side (erfc(|z|) = 1 - erf(|z|) loses
+    the left tail's relative accuracy only where x Phi(x) is below float32's absolute tolerance)."""
+    xf = _up(x)
+    return _down(F.mul(xf, F.affine(F.erf(F.affine(xf, 1.0 / math.sqrt(2.0), 0.0)), 0.5, 0.5)), x.dtype)
+
+
 def rmsnorm(x, weight, eps):
     """Returns (out, rstd); rstd has x's shape without the last dim."""
     xf = _up(x)
@@ -347,6 +354,7 @@ def foreach_mul_(scale, xs):
 _FORWARD = {
     "silu": lambda ins, a: [silu(ins[0])],
     "gelu_tanh": lambda ins, a: [gelu_tanh(ins[0])],
+    "gelu": lambda ins, a: [gelu(ins[0])],
     "rmsnorm": lambda ins, a: list(rmsnorm(ins[0], ins[1], a[0])),
     "add_layernorm": lambda ins, a: list(add_layernorm(*ins, *a)),
     "add_rmsnorm": lambda ins, a: list(add_rmsnorm(*ins, *a)),
@@ -434,6 +442,7 @@ COMPOSITES.update(
     {
         "silu_backward": _derived("silu", [0], 1, [0]),
         "gelu_tanh_backward": _derived("gelu_tanh", [0], 1, [0]),
+        "gelu_backward": _derived("gelu", [0], 1, [0]),
         "swiglu_backward": _derived("swiglu", [0, 1], 2, [0, 1]),
         "linear_weight_grad": _explicit(linear_weight_grad),
         "linear_dgelu_tanh": _explicit(linear_dgelu_tanh),

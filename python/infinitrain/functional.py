@@ -503,34 +503,70 @@ def silu(x):
     return _unary("silu", x, lambda g, out: _run1("silu_backward", [x.detach(), g]))
 
 
-# Numerical Recipes' erfc: t * exp(-z^2 + P(t)), t = 1 / (1 + z/2), fractional error below 1.2e-7 for z >= 0.
-_ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398, 1.48851587)
-_ERFC += (-0.82215223, 0.17087277)
-
-
-def _normal_cdf(x):
-    """Phi(x) = erfc(-x / sqrt 2) / 2 from ops (the table has no erf), computed in float64 for float32 and
-    float64 inputs and in float32 for 16-bit ones, so only the 1.2e-7 fractional error of erfc remains."""
-    wide = "float64" if x.dtype in ("float32", "float64") else "float32"
-    xw = cast(x, wide) if x.dtype != wide else x
-    z = affine(abs(xw), 1.0 / math.sqrt(2.0), 0.0)
-    t = pow(affine(z, 0.5, 1.0), -1.0)
-    poly = affine(t, _ERFC[-1], _ERFC[-2])
-    for c in reversed(_ERFC[:-2]):
-        poly = affine(mul(t, poly), 1.0, c)
-    half_erfc = affine(mul(t, exp(sub(poly, mul(z, z)))), 0.5, 0.0)  # erfc(|x| / sqrt 2) / 2
-    cdf = where(lt(xw, 0.0), half_erfc, affine(half_erfc, -1.0, 1.0))
-    return cast(cdf, x.dtype) if x.dtype != wide else cdf
-
-
 def gelu(x, approximate="none"):
-    """x * Phi(x) (PyTorch's default, composed from about 30 elementwise ops), or with approximate="tanh" the
-    tanh approximation, which is one fused op (GPT-2's)."""
+    """x * Phi(x), Phi the standard normal CDF (PyTorch's default), or with approximate="tanh" the tanh
+    approximation (GPT-2's); each one op with its own backward kernel."""
     if approximate == "tanh":
         return _unary("gelu_tanh", x, lambda g, out: _run1("gelu_tanh_backward", [x.detach(), g]))
     if approximate != "none":
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return mul(x, _normal_cdf(x))
+    return _unary("gelu", x, lambda g, out: _run1("gelu_backward", [x.detach(), g]))
+
+
+def erf(x):
+    # d/dx erf(x) = 2 / sqrt(pi) e^(-x^2)
+    return _unary("erf", x, lambda g, out: mul(g, affine(exp(neg(mul(x.detach(), x.detach()))), _TWO_RSQRT_PI, 0.0)))
+
+
+_TWO_RSQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def erfc(x):
+    return rsub(erf(x), 1.0)
+
+
+def log1p(x):
+    return _unary("log1p", x, lambda g, out: div(g, affine(x.detach(), 1.0, 1.0)))
+
+
+def expm1(x):
+    return _unary("expm1", x, lambda g, out: mul(g, affine(out.detach(), 1.0, 1.0)), saves="out")
+
+
+def _zero_grad(g, out):
+    return affine(g, 0.0, 0.0)
+
+
+def _rounding(name, x):
+    """floor, ceil, round, trunc: integer tensors come back as they are (PyTorch's); the gradient is zero."""
+    if x.dtype not in _FLOATS:
+        return clone(x)
+    return _unary(name, x, _zero_grad, saves=None)
+
+
+def floor(x):
+    return _rounding("floor", x)
+
+
+def ceil(x):
+    return _rounding("ceil", x)
+
+
+def round(x, decimals=0):
+    if decimals:
+        scale = 10.0**decimals
+        return div(_rounding("round", mul(x, scale)), scale)
+    return _rounding("round", x)
+
+
+def trunc(x):
+    return _rounding("trunc", x)
+
+
+def sign(x):
+    if x.dtype not in _FLOATS:
+        return _exact("sign", [x])
+    return _unary("sign", x, _zero_grad, saves=None)
 
 
 def affine(x, scale, bias):
@@ -542,8 +578,10 @@ def affine(x, scale, bias):
 
 
 def pow(x, p):
+    if not isinstance(x, Tensor):
+        return _pow_tensor(_as_tensor(x, p), p)
     if isinstance(p, Tensor):
-        raise TypeError("pow: tensor exponents are not supported, pass a Python number")
+        return _pow_tensor(x, p)
     if x.dtype not in _FLOATS:
         if isinstance(p, float):
             x = cast(x, "float32")
@@ -557,6 +595,41 @@ def pow(x, p):
         else:
             _record(out, (x,), lambda g: (mul(g, affine(pow(x.detach(), p - 1.0), p, 0.0)),), "pow", (x,))
     return out
+
+
+def _pow_tensor(a, b):
+    """a ** b elementwise with broadcasting: d/da = b a^(b-1), d/db = a^b log(a)."""
+
+    def backward(g, x, y):
+        out_d = _run1("pow", [x, y])
+        ga = mul(g, mul(y, _run1("pow", [x, affine(y, 1.0, -1.0)])))
+        gb = mul(g, mul(out_d, log(x)))
+        return sum_to(ga, x.shape), sum_to(gb, y.shape)
+
+    return _binary("pow", a, b, backward)
+
+
+def fmod(a, b):
+    def backward(g, x, y):
+        return sum_to(g, x.shape), sum_to(neg(mul(g, trunc(div(x, y)))), y.shape)
+
+    return _binary("fmod", a, b, backward)
+
+
+def remainder(a, b):
+    def backward(g, x, y):
+        return sum_to(g, x.shape), sum_to(neg(mul(g, floor(div(x, y)))), y.shape)
+
+    return _binary("remainder", a, b, backward)
+
+
+def atan2(a, b):
+    # d/da atan2(a, b) = b / (a^2 + b^2), d/db = -a / (a^2 + b^2)
+    def backward(g, x, y):
+        r = div(g, add(mul(x, x), mul(y, y)))
+        return sum_to(mul(r, y), x.shape), sum_to(neg(mul(r, x)), y.shape)
+
+    return _binary("atan2", a, b, backward)
 
 
 def clamp(x, low=None, high=None):

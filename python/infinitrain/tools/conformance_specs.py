@@ -104,6 +104,32 @@ def _gelu_grad(x):
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K0 * (1.0 + 3.0 * _K1 * x * x)
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _normal_cdf(x):
+    return 0.5 * _erfc(-x / math.sqrt(2.0))
+
+
+def _gelu_exact_grad(x):
+    return _normal_cdf(x) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _remainder(a, b):
+    r = np.fmod(a, b)
+    return np.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+def _binary_with(fn, first, second):
+    """A broadcasting binary op whose operands come from first(gen, shape) and second(gen, shape)."""
+
+    def make(gen, d):
+        return [(first(gen, SHAPE), d), (second(gen, (3, 1)), d)], []
+
+    return Spec(make, lambda xs, at, d: [fn(xs[0], xs[1])])
+
+
 def _axis(dims):
     return tuple(dims) if dims else None
 
@@ -718,6 +744,15 @@ SPECS = {
     "relu": _unary(lambda x: np.maximum(x, 0.0)),
     "silu": _unary(lambda x: x * _sigmoid(x)),
     "gelu_tanh": _unary(_gelu),
+    "gelu": _unary(lambda x: x * _normal_cdf(x)),
+    "erf": _unary(_erf),
+    "log1p": Spec(lambda gen, d: ([(gen.uniform(-0.9, 3.0, SHAPE), d)], []), lambda xs, at, d: [np.log1p(xs[0])]),
+    "expm1": _unary(np.expm1),
+    "floor": _unary(np.floor),
+    "ceil": _unary(np.ceil),
+    "round": _unary(np.round),  # halves to even, as NumPy's
+    "trunc": _unary(np.trunc),
+    "sign": _unary(np.sign),
     "affine": _scalar_op(lambda x, scale, bias: x * scale + bias, [0.75, -1.25]),
     "pow_scalar": _scalar_op(lambda x, e: np.power(x, e), [1.5], "pos"),
     "clamp": _scalar_op(lambda x, lo, hi: np.clip(x, lo, hi), [-0.5, 0.8]),
@@ -727,6 +762,7 @@ SPECS = {
     "relu_backward": _unary_backward(lambda x: x, lambda x: (x > 0).astype(np.float64)),
     "silu_backward": _unary_backward(lambda x: x, _silu_grad),
     "gelu_tanh_backward": _unary_backward(lambda x: x, _gelu_grad),
+    "gelu_backward": _unary_backward(lambda x: x, _gelu_exact_grad),
     # binary with broadcasting, comparisons, selects
     "add": _binary(np.add),
     "sub": _binary(np.subtract),
@@ -734,6 +770,10 @@ SPECS = {
     "div": _binary(np.divide),
     "maximum": _binary(np.maximum),
     "minimum": _binary(np.minimum),
+    "pow": _binary_with(np.power, _pos, _randn),
+    "fmod": _binary_with(np.fmod, lambda gen, shape: _randn(gen, shape, 3.0), _away),
+    "remainder": _binary_with(_remainder, lambda gen, shape: _randn(gen, shape, 3.0), _away),
+    "atan2": _binary_with(np.arctan2, _randn, _randn),
     "eq": _compare(np.equal),
     "ne": _compare(np.not_equal),
     "lt": _compare(np.less),
