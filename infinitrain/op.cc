@@ -295,6 +295,7 @@ private:
 namespace {
 
 std::atomic<bool> g_poison{false};
+std::atomic<int> g_matmul_precision{static_cast<int>(MatmulPrecision::kHighest)};
 std::atomic<bool> g_fallback[kNumDeviceTypes];
 std::function<void(const std::string&)> g_warn;
 
@@ -374,6 +375,8 @@ void RunKernelOf(const char* name, const KernelContext& ctx, const std::vector<T
 std::vector<const Op*> AllOps() { return OpRegistry::Get().All(); }
 
 void SetPoisonOutputs(bool on) { g_poison = on; }
+void SetFloat32MatmulPrecision(MatmulPrecision p) { g_matmul_precision.store(static_cast<int>(p)); }
+MatmulPrecision Float32MatmulPrecision() { return static_cast<MatmulPrecision>(g_matmul_precision.load()); }
 bool PoisonOutputs() { return g_poison; }
 void SetCpuFallback(DeviceType type, bool on) { g_fallback[static_cast<int>(type)] = on; }
 bool CpuFallback(DeviceType type) { return g_fallback[static_cast<int>(type)]; }

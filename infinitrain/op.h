@@ -204,6 +204,13 @@ void SetWarningHandler(std::function<void(const std::string&)> handler);
 void SetPoisonOutputs(bool on);
 bool PoisonOutputs();
 
+// float32 matrix products (GEMMs, attention's GEMM path): "highest" computes in float32; "high" and "medium" let a
+// provider use reduced-precision tensor cores (TF32 on CUDA GPUs), as PyTorch's set_float32_matmul_precision. Read by
+// kernels at every call; "highest" by default.
+enum class MatmulPrecision { kHighest, kHigh, kMedium };
+void SetFloat32MatmulPrecision(MatmulPrecision p);
+MatmulPrecision Float32MatmulPrecision();
+
 struct KernelRegistrar {
     KernelRegistrar(DeviceType type, const char* op, KernelFn fn, const char* site) {
         RegisterKernel(type, op, fn, site);

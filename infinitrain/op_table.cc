@@ -36,6 +36,8 @@ RULE(Reduce);
 RULE(Amax);
 RULE(Argmax);
 RULE(SumSquares);
+RULE(Scan);
+RULE(Sort);
 RULE(ForeachSumSquares);
 RULE(Matmul);
 RULE(Linear);
@@ -156,6 +158,8 @@ extern const OpDef kOpTable[] = {
 {"mean(x; dims: ints, keepdim: int) -> out",                                    R, kF,   "fill_ add affine",   Reduce,             "mean over dims (all when empty)"},
 {"amax(x; dims: ints, keepdim: int) -> out",                                    R, kF,   "eq div sum mul",     Amax,               "max over dims (all when empty)"},
 {"argmax(x; dim: int, keepdim: int) -> out",                                    R, kF,   "",                   Argmax,             "index (int64) of the first maximum along dim"},
+{"cumsum(x; dim: int, reverse: int) -> out",                                    R, kF,   "cumsum",             Scan,               "inclusive prefix sums along dim (suffix sums when reverse is 1); float32 accumulates in float64"},
+{"sort(x; descending: int) -> (values, indices)",                                R, kF,   "scatter_add",        Sort,               "each row of the last dim in ascending (descending) order, NaN largest, equal values in their order; indices int64"},
 {"sum_squares(x) -> out",                                                       R, kF,   "",                   SumSquares,         "sum of x^2 over all elements, accumulated in float64; 0-d float32 (float64 for float64 x)"},
 {"foreach_sum_squares(xs...) -> out",                                           F, kF,   "",                   ForeachSumSquares,  "sum of x^2 over every element of every x in xs (one dtype), accumulated in float64 in an order fixed by the shapes alone; 0-d float32 (float64 for float64 xs)"},
 // ---- linear algebra ----
@@ -452,6 +456,16 @@ RULE(Argmax) {
 }
 
 RULE(SumSquares) { return {{Shape{}, StatType(in[0].dtype())}}; }
+
+RULE(Scan) {
+    NormalizeDim(op, Int(a, 0), in[0].dim());
+    return {{in[0].shape(), in[0].dtype()}};
+}
+
+RULE(Sort) {
+    if (in[0].dim() < 1) OpError(op, "x must be at least 1-d (the sorted dim is the last)");
+    return {{in[0].shape(), in[0].dtype()}, {in[0].shape(), DataType::kInt64}};
+}
 
 // Inputs first.. of a foreach op, named name[k - first] in errors, share one float dtype.
 void CheckForeachDtypes(const char* op, const In& in, size_t first, const char* name) {

@@ -236,8 +236,11 @@ def test_autocast_runs_matmuls_in_low_precision(dtype):
     ref = round_to(a.numpy(), dtype) @ round_to(b.numpy(), dtype)
     assert_close(y, ref, dtype)
     assert np.abs(y.numpy().astype(np.float64) - r32(a.numpy()) @ r32(b.numpy())).max() > 0
+    # As PyTorch: a dtype autocast cannot lower to disables it with a warning; other dtypes are errors.
+    with pytest.warns(UserWarning, match="autocast is disabled"), it.amp.autocast(DEVICE, dtype="float32"):
+        assert (a @ b).dtype == "float32"
     with pytest.raises(ValueError, match="autocast dtype"):
-        it.amp.autocast(DEVICE, dtype="float32")
+        it.amp.autocast(DEVICE, dtype="int64")
 
 
 def test_sgd_momentum_survives_a_round_trip_into_a_fresh_optimizer():

@@ -125,7 +125,7 @@ def test_arange_full_and_random_integers():
     assert it.full((2,), True).dtype == "bool"
     with pytest.raises(ValueError, match="step"):
         it.arange(0, 3, 0)
-    g1, g2 = it.Generator(5), it.Generator(5)
+    g1, g2 = it.Generator().manual_seed(5), it.Generator().manual_seed(5)
     r1 = it.randint(3, 9, (1000,), generator=g1)
     r2 = it.randint(3, 9, (1000,), generator=g2)
     np.testing.assert_array_equal(r1.numpy(), r2.numpy())  # a generator's stream, reproducible
@@ -323,11 +323,11 @@ def test_topk_multinomial_one_hot():
     np.testing.assert_array_equal(i2.numpy(), np.argsort(a, 0, kind="stable")[:2])
     p = rng().random((2, 6))
     p[0, 2] = 0.0
-    draws = it.multinomial(t(p), 4000, replacement=True, generator=it.Generator(1))
+    draws = it.multinomial(t(p), 4000, replacement=True, generator=it.Generator().manual_seed(1))
     assert draws.shape == (2, 4000) and (draws.numpy()[0] != 2).all()
     freq = np.stack([np.bincount(r, minlength=6) / 4000 for r in draws.numpy()])
     np.testing.assert_allclose(freq, p / p.sum(1, keepdims=True), atol=0.05)  # > 6 sigma of a frequency
-    once = it.multinomial(t(p), 5, generator=it.Generator(2)).numpy()
+    once = it.multinomial(t(p), 5, generator=it.Generator().manual_seed(2)).numpy()
     assert all(len(set(r)) == 5 for r in once)  # without replacement
     with pytest.raises(ValueError, match="non-negative"):
         it.multinomial(t(-p), 1)
@@ -538,10 +538,10 @@ def test_generate_returns_tensors_and_follows_its_generator():
     model = GPT2(GPT2Config(block_size=32, vocab_size=11, padded_vocab_size=16, n_layer=1, n_head=2, n_embd=8), DEVICE)
     start = t(np.zeros((4, 1), np.int64))
     seed, other = (int(s) for s in rng().choice(2**31, size=2, replace=False))
-    a = model.generate(start, 24, top_k=4, generator=it.Generator(seed))
+    a = model.generate(start, 24, top_k=4, generator=it.Generator().manual_seed(seed))
     it.manual_seed(int(rng().integers(2**31)))  # the default generator's state must not matter
-    b = model.generate(start, 24, top_k=4, generator=it.Generator(seed))
-    c = model.generate(start, 24, top_k=4, generator=it.Generator(other))
+    b = model.generate(start, 24, top_k=4, generator=it.Generator().manual_seed(seed))
+    c = model.generate(start, 24, top_k=4, generator=it.Generator().manual_seed(other))
     assert isinstance(a, it.Tensor) and a.shape == (4, 25) and a.device == it.device(DEVICE)
     np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert a.numpy().max() < 11

@@ -69,10 +69,10 @@ struct Key {
     int device;
     DataType dtype;
     int64_t rows, in_f, out_f;
-    bool bias, wgrad;
+    bool bias, wgrad, tf32;
     uint32_t align_a, align_b, align_out, align_bias;
     auto tie() const {
-        return std::tie(device, dtype, rows, in_f, out_f, bias, wgrad, align_a, align_b, align_out, align_bias);
+        return std::tie(device, dtype, rows, in_f, out_f, bias, wgrad, tf32, align_a, align_b, align_out, align_bias);
     }
     bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -114,8 +114,7 @@ cudaDataType_t CudaType(DataType t) {
 Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
     Plan p;
     const cudaDataType_t t = CudaType(k.dtype);
-    const cublasComputeType_t compute =
-        k.dtype == DataType::kFloat32 && Tf32Enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cublasComputeType_t compute = k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     cublasLtMatmulDesc_t d = nullptr;
     CheckBlas(cublasLtMatmulDescCreate(&d, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     p.desc.reset(d);
@@ -221,6 +220,7 @@ void LinearLt(KernelContext& ctx) {
                   out_f,
                   bias != nullptr,
                   false,
+                  x.dtype() == DataType::kFloat32 && Tf32Enabled(),
                   Alignment(w.data()),
                   Alignment(x.data()),
                   Alignment(out.data()),
@@ -243,6 +243,7 @@ void LinearWeightGradLt(KernelContext& ctx) {
                   out_f,
                   bias,
                   true,
+                  g.dtype() == DataType::kFloat32 && Tf32Enabled(),
                   Alignment(x.data()),
                   Alignment(g.data()),
                   Alignment(dw.data()),

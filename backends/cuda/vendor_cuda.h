@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "infinitrain/op.h"
+
 namespace infinitrain::gpu {
 
 // The provider the kernels register under.
@@ -196,14 +198,15 @@ inline bool EnvSwitch(const char* name, const char* off, const char* on) {
                                 "'");
 }
 
-// TF32 tensor cores for float32 GEMMs only when INFINITRAIN_CUDA_TF32=1: they round inputs to 10 mantissa bits,
+// TF32 tensor cores for float32 GEMMs when the core's float32 matmul precision is below "highest" (PyTorch's
+// allow_tf32 / set_float32_matmul_precision) or INFINITRAIN_CUDA_TF32=1: they round inputs to 10 mantissa bits,
 // which the float32 tolerances of the op tests do not allow, so exact float32 is the default.
 inline bool Tf32Enabled() {
-    static const bool on = [] {
+    static const bool env = [] {
         const char* e = std::getenv("INFINITRAIN_CUDA_TF32");
         return e && std::strcmp(e, "1") == 0;
     }();
-    return on;
+    return env || Float32MatmulPrecision() != MatmulPrecision::kHighest;
 }
 
 inline cudaDataType_t ToCuda(BlasType t) {

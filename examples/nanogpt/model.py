@@ -1,11 +1,11 @@
-"""A GPT in the style of nanoGPT's model.py, written against infinitrain as a PyTorch user writes it:
-`import infinitrain as it` where PyTorch code has `import torch`, nothing else changed."""
+"""A GPT in the style of nanoGPT's model.py, written as PyTorch code: the imports name infinitrain where PyTorch
+code names torch, and nothing else differs."""
 
 import inspect
 import math
 from dataclasses import dataclass
 
-import infinitrain as it
+import infinitrain as torch
 import infinitrain.nn as nn
 from infinitrain.nn import functional as F
 
@@ -44,7 +44,7 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's; nn.GELU() is the exact erf form
+        self.gelu = nn.GELU()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
@@ -99,7 +99,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None):
         b, t = idx.size()
         assert t <= self.config.block_size, f"sequence of {t} tokens, block size {self.config.block_size}"
-        pos = it.arange(0, t, dtype=it.long, device=idx.device)
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
@@ -112,24 +112,33 @@ class GPT(nn.Module):
             loss = None
         return logits, loss
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         decay = [p for p in params.values() if p.dim() >= 2]  # matrices and embeddings
         no_decay = [p for p in params.values() if p.dim() < 2]  # biases and norm weights
         groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        assert "betas" in inspect.signature(it.optim.AdamW).parameters
-        return it.optim.AdamW(groups, lr=learning_rate, betas=betas)
+        use_fused = "fused" in inspect.signature(torch.optim.AdamW).parameters and device_type == "cuda"
+        extra = dict(fused=True) if use_fused else dict()
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
 
-    @it.no_grad()
+    def estimate_mfu(self, fwdbwd_per_iter, dt, peak_flops=989e12):
+        """Model flops utilisation against a peak (an H100/H200's dense bf16 by default), as nanoGPT counts it."""
+        cfg = self.config
+        N = self.get_num_params()
+        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
+        flops_per_iter = (6 * N + 12 * L * H * Q * T) * T * fwdbwd_per_iter
+        return flops_per_iter / dt / peak_flops
+
+    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
         for _ in range(max_new_tokens):
             idx_cond = idx if idx.size(1) <= self.config.block_size else idx[:, -self.config.block_size :]
             logits, _ = self(idx_cond)
             logits = logits[:, -1, :] / temperature
             if top_k is not None:
-                v, _ = it.topk(logits, min(top_k, logits.size(-1)))
+                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
                 logits[logits < v[:, [-1]]] = -float("inf")
             probs = F.softmax(logits, dim=-1)
-            idx_next = it.multinomial(probs, num_samples=1, generator=generator)
-            idx = it.cat((idx, idx_next), dim=1)
+            idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+            idx = torch.cat((idx, idx_next), dim=1)
         return idx

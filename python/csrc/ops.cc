@@ -154,6 +154,22 @@ void BindOps(py::module_& m) {
         return l;
     });
     m.def("set_poison_outputs", &SetPoisonOutputs);
+    m.def("set_float32_matmul_precision", [](const std::string& p) {
+        if (p == "highest") return SetFloat32MatmulPrecision(MatmulPrecision::kHighest);
+        if (p == "high") return SetFloat32MatmulPrecision(MatmulPrecision::kHigh);
+        if (p == "medium") return SetFloat32MatmulPrecision(MatmulPrecision::kMedium);
+        throw py::value_error("float32 matmul precision must be 'highest', 'high' or 'medium', got '" + p + "'");
+    });
+    m.def("float32_matmul_precision", [] {
+        switch (Float32MatmulPrecision()) {
+            case MatmulPrecision::kHigh:
+                return "high";
+            case MatmulPrecision::kMedium:
+                return "medium";
+            default:
+                return "highest";
+        }
+    });
     m.def("start_profiling", &StartProfiling);
     m.def("stop_profiling", [] {
         std::vector<OpTiming> records;

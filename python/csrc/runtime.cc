@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "infinitrain/allocator.h"
+#include "infinitrain/cpu_threads.h"
 #include "infinitrain/privateuse1.h"
 #include "infinitrain/provider.h"
 #include "python/csrc/bindings.h"
@@ -123,6 +124,8 @@ void BindRuntime(py::module_& m) {
         a.EmptyCache();
     });
 
+    m.def("set_num_threads", &SetCpuThreads);
+    m.def("get_num_threads", &CpuThreads);
     m.def("loaded_providers", &LoadedProviders);
     m.def("privateuse1", []() -> py::object {
         const PrivateUse1Info* p = GetPrivateUse1();

@@ -9,6 +9,7 @@ to device_type's (a process uses one device type at a time here)."""
 import functools
 import math
 import threading
+import warnings
 
 from infinitrain import _C, autograd, dispatch
 from infinitrain.tensor import Tensor
@@ -34,8 +35,12 @@ class autocast:  # noqa: N801 (PyTorch's name)
 
     def __init__(self, device_type="cpu", dtype=None, enabled=True, cache_enabled=None, *, device=None):
         device_type = device if device is not None else device_type
-        if dtype is not None and dtype not in ("bfloat16", "float16"):
-            raise ValueError(f"autocast dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+        if enabled and dtype is not None and dtype not in ("bfloat16", "float16"):
+            if dtype in ("float32", "float64"):  # PyTorch disables autocast for a dtype it cannot lower to
+                warnings.warn(f"autocast: dtype {dtype} is not a 16-bit dtype; autocast is disabled", stacklevel=2)
+                enabled = False
+            else:
+                raise ValueError(f"autocast dtype must be 'bfloat16' or 'float16', got {dtype!r}")
         self.device_type = device_type
         self.dtype = (dtype or default_dtype(device_type)) if enabled else None
 

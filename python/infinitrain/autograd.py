@@ -12,6 +12,16 @@ import threading
 _state = threading.local()
 
 
+class _FusionState(threading.local):
+    """Whether this thread runs a compiled forward (it.compile): the op layer then fuses what it can
+    (infinitrain.fusion). Backward always runs the plain ops."""
+
+    on = False
+
+
+fusion = _FusionState()
+
+
 def is_grad_enabled():
     return getattr(_state, "enabled", True)
 
@@ -37,13 +47,13 @@ class _GradMode:
         return wrapper
 
 
-def no_grad():
+def no_grad(orig_func=None):
     """Context manager (and decorator) under which ops record no graph."""
-    return _GradMode(False)
+    return _GradMode(False) if orig_func is None else _GradMode(False)(orig_func)
 
 
-def enable_grad():
-    return _GradMode(True)
+def enable_grad(orig_func=None):
+    return _GradMode(True) if orig_func is None else _GradMode(True)(orig_func)
 
 
 class Node:
@@ -61,6 +71,25 @@ class Node:
         self.name = name
         self.saved = saved
         self.fold = fold
+
+
+class GradFn:
+    """Tensor.grad_fn: the node that made a tensor (name() and the nodes of its inputs)."""
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node):
+        self._node = node
+
+    def name(self):
+        return self._node.name
+
+    @property
+    def next_functions(self):
+        return tuple((GradFn(p._node) if p is not None and p._node is not None else None, 0) for p in self._node.inputs)
+
+    def __repr__(self):
+        return f"<{self._node.name} backward>"
 
 
 def _toposort(root):
@@ -82,7 +111,8 @@ def _toposort(root):
     return order[::-1]
 
 
-def backward(root, grad=None, retain_graph=False):
+def run_backward(root, grad=None, retain_graph=False):
+    """Backpropagates from root (with gradient grad, ones for a one-element root) into the leaves' .grad."""
     if not root.requires_grad:
         raise RuntimeError("backward(): the tensor does not require grad (did you call it under no_grad?)")
     if grad is None:
@@ -95,6 +125,14 @@ def backward(root, grad=None, retain_graph=False):
             f"expected {root.dtype}{list(root.shape)} on {root.device}"
         )
     grads = {id(root): grad}
+    fused, fusion.on = fusion.on, False
+    try:
+        _backward_from(root, grads, retain_graph)
+    finally:
+        fusion.on = fused
+
+
+def _backward_from(root, grads, retain_graph):
     if getattr(_state, "callbacks", None) is not None:  # inside another backward (activation recompute):
         with no_grad():  # its callbacks wait for the outermost one
             _run(root, grads, retain_graph)
@@ -139,7 +177,8 @@ _STEAL = (
 )
 
 
-def _run(root, grads, retain_graph):
+def _run(root, grads, retain_graph, capture=None):
+    """capture: {id(tensor): None} to fill with those tensors' gradients instead of accumulating into leaves."""
     for t in _toposort(root):
         g = grads.pop(id(t), None)
         if g is None:
@@ -155,7 +194,12 @@ def _run(root, grads, retain_graph):
                 g = r
         r = hook = None  # a hook's result must not count as another holder of a later gradient
         node = t._node
-        if node is None:
+        if capture is not None:
+            if id(t) in capture:
+                capture[id(t)] = g if capture[id(t)] is None else capture[id(t)] + g
+            if node is None:
+                continue
+        elif node is None:
             # References to g: this frame's and getrefcount's own; to its native tensor: g's and getrefcount's
             # (another wrapper of it, such as a kept g.detach(), is a third).
             sole = _STEAL and sys.getrefcount(g) == 2 and sys.getrefcount(g._t) == 2 and g._t.sole_owner
@@ -163,7 +207,7 @@ def _run(root, grads, retain_graph):
             for hook in t._post_hooks or ():
                 hook(t)
             continue
-        if t._retains_grad:
+        if t._retains_grad and capture is None:
             t._accumulate_grad(g)
         for native, version in node.saved:
             if native.version != version:
@@ -195,3 +239,160 @@ def _run(root, grads, retain_graph):
 
 def _freed(_):
     raise RuntimeError("backward through a graph a second time: pass retain_graph=True to the first backward()")
+
+
+def grad(
+    outputs,
+    inputs,
+    grad_outputs=None,
+    retain_graph=None,
+    create_graph=False,
+    only_inputs=True,
+    allow_unused=None,
+    is_grads_batched=False,
+    materialize_grads=False,
+):
+    """The gradients of outputs (summed, each weighted by its grad_outputs entry) with respect to inputs, returned
+    as a tuple; .grad of leaves is left alone. An input the outputs do not depend on is an error unless
+    allow_unused (then None, or zeros with materialize_grads). Higher-order gradients (create_graph) are not
+    supported."""
+    if create_graph:
+        raise NotImplementedError("autograd.grad(create_graph=True): higher-order gradients are not supported")
+    if is_grads_batched:
+        raise NotImplementedError("autograd.grad(is_grads_batched=True) is not supported")
+    single = hasattr(inputs, "_t")
+    outputs = [outputs] if hasattr(outputs, "_t") else list(outputs)
+    inputs = [inputs] if single else list(inputs)
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    elif hasattr(grad_outputs, "_t"):
+        grad_outputs = [grad_outputs]
+    seeds = []
+    for o, g in zip(outputs, grad_outputs, strict=True):
+        if not o.requires_grad:
+            raise RuntimeError("autograd.grad: an output does not require grad")
+        if g is None:
+            if o.numel() != 1:
+                raise RuntimeError(f"autograd.grad: grad_outputs is needed for an output of shape {o.shape}")
+            g = o.new_ones(o.shape)
+        seeds.append(g)
+    root = type(outputs[0])(outputs[0]._t, True)
+    root._node = Node(lambda _g: tuple(seeds), tuple(outputs), "grad")
+    capture = {id(t): None for t in inputs}
+    fused, fusion.on = fusion.on, False
+    try:
+        with no_grad():
+            _run(root, {id(root): seeds[0]}, bool(retain_graph), capture)
+    finally:
+        fusion.on = fused
+    out = []
+    for t in inputs:
+        g = capture[id(t)]
+        if g is None:
+            if not allow_unused and not materialize_grads:
+                raise RuntimeError("autograd.grad: an input is not in the outputs' graph (pass allow_unused=True)")
+            if materialize_grads:
+                g = t.new_zeros(*t.shape)
+        out.append(g)
+    return tuple(out)
+
+
+class _Parts:
+    """The gradients some outputs of one Function application got, by output position; + merges two such sets."""
+
+    __slots__ = ("dtype", "grads")
+
+    def __init__(self, dtype, grads):
+        self.dtype, self.grads = dtype, grads
+
+    def __add__(self, other):
+        for i, g in other.grads.items():
+            self.grads[i] = self.grads[i] + g if i in self.grads else g
+        return self
+
+    def to(self, dtype):
+        return self
+
+
+class FunctionCtx:
+    """What forward leaves for backward: save_for_backward(*tensors) and saved_tensors, needs_input_grad, and any
+    attributes set on it."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tuple(tensors)
+
+    def mark_non_differentiable(self, *tensors):
+        self._non_diff = {id(t) for t in tensors}
+
+    def set_materialize_grads(self, value):
+        self.materialize_grads = bool(value)
+
+    def mark_dirty(self, *tensors):
+        pass
+
+
+class Function:
+    """A custom differentiable op, as torch.autograd.Function: static forward(ctx, *args) and backward(ctx,
+    *grads) (one gradient or None per forward argument); call it with Cls.apply(*args)."""
+
+    @staticmethod
+    def forward(ctx, *args, **kwargs):
+        raise NotImplementedError("Function subclasses define forward(ctx, ...)")
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("Function subclasses define backward(ctx, ...)")
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        ctx = FunctionCtx()
+        ctx.saved_tensors = ()
+        ctx.materialize_grads = True
+        ctx.needs_input_grad = tuple(hasattr(a, "_t") and a.requires_grad for a in args)
+        with no_grad():
+            out = cls.forward(ctx, *args, **kwargs)
+        if not (is_grad_enabled() and any(ctx.needs_input_grad)):
+            return out
+        outs = out if isinstance(out, tuple) else (out,)
+        tensor_args = tuple(a if hasattr(a, "_t") and a.requires_grad else None for a in args)
+        non_diff = getattr(ctx, "_non_diff", set())
+        diff = [i for i, o in enumerate(outs) if hasattr(o, "_t") and id(o) not in non_diff and o.dtype in _FLOAT]
+
+        def run_backward(grads):
+            if ctx.materialize_grads:
+                grads = [g if g is not None else outs[i].new_zeros(*outs[i].shape) for i, g in enumerate(grads)]
+            res = cls.backward(ctx, *grads)
+            res = res if isinstance(res, tuple) else (res,)
+            if len(res) != len(args):
+                raise RuntimeError(f"{cls.__name__}.backward returned {len(res)} gradients for {len(args)} inputs")
+            return res
+
+        wrapped = list(outs)
+        if len(outs) == 1:
+            o = type(outs[0])(outs[0]._t, True)
+            o._node = Node(lambda g: run_backward([g]), tensor_args, cls.__name__)
+            wrapped[0] = o
+        else:
+            joint = type(outs[diff[0]])(outs[diff[0]]._t, True)
+            joint._node = Node(
+                lambda parts: run_backward([parts.grads.get(i) for i in range(len(outs))]), tensor_args, cls.__name__
+            )
+            for i in diff:
+                o = type(outs[i])(outs[i]._t, True)
+                o._node = Node(lambda g, i=i: (_Parts(g.dtype, {i: g}),), (joint,), cls.__name__)
+                wrapped[i] = o
+        return tuple(wrapped) if isinstance(out, tuple) else wrapped[0]
+
+
+_FLOAT = frozenset(("float16", "bfloat16", "float32", "float64"))
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None, inputs=None):
+    """torch.autograd.backward: backward() of each tensor (their gradients accumulate in the leaves)."""
+    tensors = [tensors] if hasattr(tensors, "_t") else list(tensors)
+    grads = grad_tensors if grad_tensors is not None else grad_variables
+    grads = [None] * len(tensors) if grads is None else ([grads] if hasattr(grads, "_t") else list(grads))
+    for t, g in zip(tensors, grads, strict=True):
+        if create_graph or inputs is not None:
+            raise NotImplementedError("autograd.backward: create_graph and inputs are not supported")
+        run_backward(t, g, True if retain_graph is None and len(tensors) > 1 else bool(retain_graph))

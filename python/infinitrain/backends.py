@@ -60,3 +60,96 @@ def _resolve(name):
         )
     register(name)
     return True
+
+
+# ---- PyTorch's torch.backends switches -------------------------------------------------------------------------
+
+
+class _Matmul:
+    """`it.backends.<device>.matmul`: allow_tf32 is the process's float32 matmul precision ("high" when on), which
+    providers with reduced-precision tensor cores read at every GEMM (TF32 on CUDA GPUs); off by default, as
+    PyTorch's."""
+
+    @property
+    def allow_tf32(self):
+        return _C.float32_matmul_precision() != "highest"
+
+    @allow_tf32.setter
+    def allow_tf32(self, on):
+        _C.set_float32_matmul_precision("high" if on else "highest")
+
+    # Reduced-precision reductions inside 16-bit GEMMs: accepted; the GEMMs here always accumulate in float32.
+    allow_bf16_reduced_precision_reduction = False
+    allow_fp16_reduced_precision_reduction = False
+
+
+class _DeviceBackend:
+    """`it.backends.cuda` (and any provider's name): the matmul switch and the attention-kernel switches."""
+
+    def __init__(self, name):
+        self._name = name
+        self.matmul = _Matmul()
+        self._sdp = {"flash": True, "mem_efficient": True, "math": True, "cudnn": True}
+
+    def is_built(self):
+        return self._name in available()
+
+    # Attention kernels: the provider picks its fused kernel whenever one applies, so these are recorded only.
+    def enable_flash_sdp(self, on):
+        self._sdp["flash"] = bool(on)
+
+    def enable_mem_efficient_sdp(self, on):
+        self._sdp["mem_efficient"] = bool(on)
+
+    def enable_math_sdp(self, on):
+        self._sdp["math"] = bool(on)
+
+    def enable_cudnn_sdp(self, on):
+        self._sdp["cudnn"] = bool(on)
+
+    def flash_sdp_enabled(self):
+        return self._sdp["flash"]
+
+    def mem_efficient_sdp_enabled(self):
+        return self._sdp["mem_efficient"]
+
+    def math_sdp_enabled(self):
+        return self._sdp["math"]
+
+    def cudnn_sdp_enabled(self):
+        return self._sdp["cudnn"]
+
+
+class _Library:
+    """`it.backends.cudnn` and the other library switches PyTorch scripts set. allow_tf32 (True by default, as
+    PyTorch's) governs float32 ops that a provider runs in a vendor library with TF32 modes; no provider here runs a
+    float32 op in one, so it changes no result. benchmark and deterministic are recorded: kernels here are chosen
+    per shape without timing, and give the same bits run to run."""
+
+    def __init__(self, name):
+        self._name = name
+        self.allow_tf32 = True
+        self.benchmark = False
+        self.deterministic = False
+        self.enabled = True
+
+    def is_available(self):
+        return bool(available())
+
+    def version(self):
+        return None
+
+
+cuda = _DeviceBackend("cuda")
+cudnn = _Library("cudnn")
+mkldnn = _Library("mkldnn")
+mps = _DeviceBackend("mps")
+
+
+def __getattr__(name):
+    # `it.backends.<provider>` for the providers this build contains, beside PyTorch's names above.
+    if name in available():
+        b = _DeviceBackend(name)
+        globals()[name] = b
+        return b
+    raise AttributeError(f"module 'infinitrain.backends' has no attribute '{name}'")

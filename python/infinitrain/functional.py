@@ -9,6 +9,7 @@ construction and, only when recording, one closure.
 
 import builtins
 import math
+from collections import namedtuple
 
 import numpy as np
 
@@ -21,6 +22,18 @@ from infinitrain.tensor import Tensor, from_numpy, host_rng, tensor, zeros
 _call = dispatch.call
 _FLOATS = frozenset(("float32", "bfloat16", "float16", "float64"))
 _HALF = frozenset(("bfloat16", "float16"))
+
+
+# Inside a compiled forward (autograd.fusion.on), the ops below that call `_fusion_rules` may return pending tensors
+# that later ops fuse (infinitrain.fusion, the layer above, which sets the rules when it loads).
+fusion = autograd.fusion
+_fusion_rules = None
+
+
+def set_fusion_rules(rules):
+    """Called once by infinitrain.fusion, the layer above that holds the rules."""
+    global _fusion_rules
+    _fusion_rules = rules
 
 
 def _run1(name, inputs, attrs=()):
@@ -70,6 +83,9 @@ def cast(x, dtype):
     return out
 
 
+cast_eager = cast
+
+
 def clone(x):
     out = _run1("cast", [x], [x.dtype])
     if _needs_grad(x):
@@ -94,6 +110,14 @@ def reshape(x, shape):
 
 
 def permute(x, dims):
+    if fusion.on:
+        r = _fusion_rules.permute(x, [int(d) for d in dims])
+        if r is not None:
+            return r
+    return permute_eager(x, dims)
+
+
+def permute_eager(x, dims):
     dims = [int(d) for d in dims]
     out = _run1("permute", [x], [dims])
     if _needs_grad(x):
@@ -322,9 +346,9 @@ def _before_write(x):
     return alias
 
 
-def inplace(x, fn, *args):
+def inplace(x, fn, *args, **kwargs):
     """x = fn(x, *args) in place (x += y and friends)."""
-    return _commit(x, fn(_before_write(x), *args))
+    return _commit(x, fn(_before_write(x), *args, **kwargs))
 
 
 def _commit(x, new):
@@ -359,8 +383,13 @@ def _common(xs):
     return [t if t.dtype == d else cast(t, d) for t in xs]
 
 
-def cat(xs, dim=0):
-    xs = _common(list(xs))
+def cat(tensors, dim=0):
+    if fusion.on:
+        tensors = list(tensors)
+        r = _fusion_rules.cat(tensors, dim)
+        if r is not None:
+            return r
+    xs = _common(list(tensors))
     out = _run1("concat", xs, [dim])
     if _needs_grad(*xs):
         sizes = [t.shape[dim] for t in xs]
@@ -371,8 +400,8 @@ def cat(xs, dim=0):
 concat = cat
 
 
-def stack(xs, dim=0):
-    xs = _common(list(xs))
+def stack(tensors, dim=0):
+    xs = _common(list(tensors))
     out = _run1("stack", xs, [dim])
     if _needs_grad(*xs):
         n = len(xs)
@@ -387,6 +416,10 @@ def stack(xs, dim=0):
 
 
 def split(x, split_size, dim=0):
+    if fusion.on:
+        r = _fusion_rules.split(x, split_size, dim)
+        if r is not None:
+            return r
     n = x.shape[dim]
     if isinstance(split_size, int):
         if split_size <= 0:
@@ -453,6 +486,10 @@ def _unary(name, x, backward=None, saves="x"):
 
 
 def neg(x):
+    if fusion.on:
+        r = _fusion_rules.unary(neg, x)
+        if r is not None:
+            return r
     return _unary("neg", x, lambda g, out: neg(g), saves=None)
 
 
@@ -500,6 +537,14 @@ def relu(x):
 
 
 def silu(x):
+    if fusion.on:
+        r = _fusion_rules.silu(x)
+        if r is not None:
+            return r
+    return silu_eager(x)
+
+
+def silu_eager(x):
     return _unary("silu", x, lambda g, out: _run1("silu_backward", [x.detach(), g]))
 
 
@@ -577,7 +622,8 @@ def affine(x, scale, bias):
     return out
 
 
-def pow(x, p):
+def pow(x, exponent):
+    p = exponent
     if not isinstance(x, Tensor):
         return _pow_tensor(_as_tensor(x, p), p)
     if isinstance(p, Tensor):
@@ -632,9 +678,11 @@ def atan2(a, b):
     return _binary("atan2", a, b, backward)
 
 
-def clamp(x, low=None, high=None):
-    lo = -math.inf if low is None else float(low)
-    hi = math.inf if high is None else float(high)
+def clamp(x, min=None, max=None):  # noqa: A002 (PyTorch's names)
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        return _clamp_tensor(x, min, max)
+    lo = -math.inf if min is None else float(min)
+    hi = math.inf if max is None else float(max)
     out = _run1("clamp", [x], [lo, hi])
     if _needs_grad(x):
 
@@ -644,6 +692,16 @@ def clamp(x, low=None, high=None):
             return (mul(g, inside),)
 
         _record(out, (x,), backward, "clamp", (x,))
+    return out
+
+
+def _clamp_tensor(x, low, high):
+    """clamp with tensor bounds (broadcast): maximum and minimum, whose gradients go to x where it is inside."""
+    out = x
+    if low is not None:
+        out = maximum(out, low if isinstance(low, Tensor) else _as_tensor(float(low), x))
+    if high is not None:
+        out = minimum(out, high if isinstance(high, Tensor) else _as_tensor(float(high), x))
     return out
 
 
@@ -684,7 +742,20 @@ def _scalar_fast(a, b):
     return a.dtype in _FLOATS and not isinstance(b, bool)
 
 
+def _fused_binary(fn, a, b):
+    r = _fusion_rules.binary(fn, a, b)
+    if r is None and fn is add:
+        r = _fusion_rules.add(a, b)
+    elif r is None and fn is mul:
+        r = _fusion_rules.swiglu_product(a, b)
+    return r
+
+
 def add(a, b):
+    if fusion.on:
+        r = _fused_binary(add, a, b)
+        if r is not None:
+            return r
     if not isinstance(b, Tensor):
         try:
             return affine(a, 1.0, b)
@@ -695,6 +766,10 @@ def add(a, b):
 
 
 def sub(a, b):
+    if fusion.on:
+        r = _fused_binary(sub, a, b)
+        if r is not None:
+            return r
     if not isinstance(b, Tensor):
         try:
             return affine(a, 1.0, -b)
@@ -717,6 +792,10 @@ def rsub(a, b):
 
 
 def mul(a, b):
+    if fusion.on:
+        r = _fused_binary(mul, a, b)
+        if r is not None:
+            return r
     if not isinstance(b, Tensor):
         try:
             return affine(a, b, 0.0)
@@ -736,6 +815,10 @@ def rdiv(a, b):
 
 
 def div(a, b):
+    if fusion.on:
+        r = _fused_binary(div, a, b)
+        if r is not None:
+            return r
     if not isinstance(b, Tensor):
         try:
             return affine(a, 1.0 / b, 0.0)
@@ -751,7 +834,9 @@ def div(a, b):
     return _binary("div", a, b, backward)
 
 
-def maximum(a, b):
+def maximum(input, other):
+    a, b = input, other
+
     def backward(g, x, y):
         take = cast(ge(x, y), g.dtype)
         return sum_to(mul(g, take), x.shape), sum_to(mul(g, affine(take, -1.0, 1.0)), y.shape)
@@ -759,7 +844,9 @@ def maximum(a, b):
     return _binary("maximum", a, b, backward)
 
 
-def minimum(a, b):
+def minimum(input, other):
+    a, b = input, other
+
     def backward(g, x, y):
         take = cast(le(x, y), g.dtype)
         return sum_to(mul(g, take), x.shape), sum_to(mul(g, affine(take, -1.0, 1.0)), y.shape)
@@ -782,31 +869,32 @@ def compare(name, a, b):
         return _run1(name, [cast(a, "float64"), cast(b, "float64")])  # bool, uint8, int8: exact as float64
 
 
-def eq(a, b):
-    return compare("eq", a, b)
+def eq(input, other):
+    return compare("eq", input, other)
 
 
-def ne(a, b):
-    return compare("ne", a, b)
+def ne(input, other):
+    return compare("ne", input, other)
 
 
-def lt(a, b):
-    return compare("lt", a, b)
+def lt(input, other):
+    return compare("lt", input, other)
 
 
-def le(a, b):
-    return compare("le", a, b)
+def le(input, other):
+    return compare("le", input, other)
 
 
-def gt(a, b):
-    return compare("gt", a, b)
+def gt(input, other):
+    return compare("gt", input, other)
 
 
-def ge(a, b):
-    return compare("ge", a, b)
+def ge(input, other):
+    return compare("ge", input, other)
 
 
-def where(cond, a, b):
+def where(condition, input, other):
+    cond, a, b = condition, input, other
     if not isinstance(a, Tensor):
         a = _as_tensor(a, b)
     if not isinstance(b, Tensor):
@@ -841,14 +929,16 @@ def masked_fill(x, mask, value):
     return out
 
 
-def tril(x, k=0):
+def tril(input, diagonal=0):
+    x, k = input, diagonal
     out = _run1("tril", [x], [k])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (tril(g, k),), "tril")
     return out
 
 
-def triu(x, k=0):
+def triu(input, diagonal=0):
+    x, k = input, diagonal
     out = _run1("triu", [x], [k])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (triu(g, k),), "triu")
@@ -877,7 +967,9 @@ def _expand_back(g, x, dims, keepdim):
     return g
 
 
-def sum(x, dim=None, keepdim=False):
+def sum(x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = cast(x, dtype)
     dims = _dims(x, dim)
     if x.dtype not in _FLOATS:  # integer and bool sums are int64, as in PyTorch
         return _exact("sum", [x], [dims, int(keepdim)], dtype="int64")
@@ -887,7 +979,11 @@ def sum(x, dim=None, keepdim=False):
     return out
 
 
-def mean(x, dim=None, keepdim=False):
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = cast(x, dtype)
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"mean: input dtype should be a floating point dtype, got {x.dtype} (pass dtype=)")
     dims = _dims(x, dim)
     out = _run1("mean", [x], [dims, int(keepdim)])
     if _needs_grad(x):
@@ -947,6 +1043,65 @@ def std(x, dim=None, unbiased=True, keepdim=False, correction=None):
     return sqrt(var(x, dim, unbiased, keepdim, correction))
 
 
+# (values, indices) pairs as PyTorch's torch.return_types: a tuple with named fields.
+ValuesIndices = namedtuple("ValuesIndices", ["values", "indices"])
+
+
+def cumsum(x, dim, dtype=None):
+    """Inclusive prefix sums along dim (float32 sums accumulate in float64); integer and bool tensors sum to int64,
+    exactly below 2**53, as PyTorch's."""
+    if dtype is not None:
+        x = cast(x, dtype)
+    if x.ndim == 0:
+        return cumsum(x.reshape(1), dim).reshape(())
+    if x.dtype not in _FLOATS:
+        return cast(_run1("cumsum", [cast(x, "float64")], [dim, 0]), "int64")
+    out = _run1("cumsum", [x], [dim, 0])
+    if _needs_grad(x):
+        _record(out, (x,), lambda g: (_run1("cumsum", [g], [dim, 1]),), "cumsum")
+    return out
+
+
+def _to_last(x, dim):
+    """x with dim moved last (or x itself), and the permutation that moves it back."""
+    dim %= x.ndim
+    if dim == x.ndim - 1:
+        return x, None
+    order = [d for d in range(x.ndim) if d != dim] + [dim]
+    back = [0] * x.ndim
+    for i, d in enumerate(order):
+        back[d] = i
+    return permute(x, order), back
+
+
+def sort(x, dim=-1, descending=False, stable=False):
+    """(values, indices) of x sorted along dim; NaN sorts as the largest value, and equal values keep their order
+    whatever `stable` says (a stable sort is a valid unstable one). Differentiable in values."""
+    if x.ndim == 0:
+        v, i = sort(x.reshape(1), 0, descending)
+        return ValuesIndices(v.reshape(()), i.reshape(()))
+    work = x if x.dtype in _FLOATS else cast(x, "float64")
+    moved, back = _to_last(work, dim)
+    values, ids = (Tensor(t) for t in _call("sort", [moved.detach()], [int(bool(descending))]))
+    if _needs_grad(x):
+        src, idx, shape, n = moved, ids, moved.shape, moved.ndim
+
+        def backward(g):
+            z = zeros(shape, dtype=g.dtype, device=g.device)
+            return (_run1("scatter_add", [z, idx, g], [n - 1]),)
+
+        _record(values, (src,), backward, "sort", (ids,))
+    if back is not None:
+        values, ids = permute(values, back), permute(ids, back)
+    if values.dtype != x.dtype:
+        values = cast(values, x.dtype)
+    return ValuesIndices(values, ids)
+
+
+def argsort(x, dim=-1, descending=False, stable=False):
+    return sort(x, dim, descending, stable).indices
+
+
 def topk(x, k, dim=-1, largest=True, sorted=True):
     """(values, indices) of the k largest (or smallest) elements along dim, in descending (ascending) order;
     ties go to the lower index. Runs on the device (the router's moe_topk op), differentiable in values."""
@@ -985,7 +1140,8 @@ def multinomial(input, num_samples, replacement=False, generator=None):
     return from_numpy(out.reshape(p.shape[:-1] + (num_samples,)).astype(np.int64), device=input.device)
 
 
-def one_hot(x, num_classes=-1):
+def one_hot(tensor, num_classes=-1):
+    x = tensor
     ids = x.numpy().astype(np.int64)
     n = int(ids.max()) + 1 if num_classes < 0 else num_classes
     if ids.size and (ids.min() < 0 or ids.max() >= n):
@@ -1009,8 +1165,8 @@ def _autocast_fp32(x):
     return x
 
 
-def matmul(a, b, trans_a=False, trans_b=False):
-    a, b = _autocast(a, b)
+def matmul(input, other, trans_a=False, trans_b=False):
+    a, b = _autocast(input, other)
     if a.dtype != b.dtype:
         a, b = _promote(a, b)
     out = _run1("matmul", [a, b], [int(trans_a), int(trans_b)])
@@ -1046,6 +1202,8 @@ def _input_grad(g, wd, x):
 
 
 def linear(x, weight, bias=None):
+    if fusion.on:
+        x = _fusion_rules.linear_input(x)
     x, weight, bias = _autocast(x, weight, bias)
     inputs = [x, weight] if bias is None else [x, weight, bias]
     out = _run1("linear", inputs)
@@ -1132,16 +1290,16 @@ def scatter_add(x, dim, index, src):
 # ---- softmax, normalisation, activations ----
 
 
-def softmax(x, dim=-1):
-    x = _autocast_fp32(x)
+def softmax(x, dim=-1, dtype=None):
+    x = _autocast_fp32(x) if dtype is None else cast(x, dtype)
     out = _run1("softmax", [x], [dim])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (_run1("softmax_backward", [out.detach(), g], [dim]),), "softmax", (out,))
     return out
 
 
-def log_softmax(x, dim=-1):
-    x = _autocast_fp32(x)
+def log_softmax(x, dim=-1, dtype=None):
+    x = _autocast_fp32(x) if dtype is None else cast(x, dtype)
     out = _run1("log_softmax", [x], [dim])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (_run1("log_softmax_backward", [out.detach(), g], [dim]),), "log_softmax", (out,))
@@ -1149,6 +1307,14 @@ def log_softmax(x, dim=-1):
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
+    if fusion.on:
+        r = _fusion_rules.norm("layernorm", x, (weight, bias), eps)
+        if r is not None:
+            return r
+    return layer_norm_eager(x, weight, bias, eps)
+
+
+def layer_norm_eager(x, weight, bias, eps=1e-5):
     if weight.dtype != x.dtype:
         weight, bias = cast(weight, x.dtype), cast(bias, x.dtype)
     out, mean_, rstd = _call("layernorm", [x, weight, bias], [float(eps)])
@@ -1164,6 +1330,14 @@ def layer_norm(x, weight, bias, eps=1e-5):
 
 
 def rms_norm(x, weight, eps=1e-5):
+    if fusion.on:
+        r = _fusion_rules.norm("rmsnorm", x, (weight,), eps)
+        if r is not None:
+            return r
+    return rms_norm_eager(x, weight, eps)
+
+
+def rms_norm_eager(x, weight, eps=1e-5):
     if weight.dtype != x.dtype:
         weight = cast(weight, x.dtype)
     out, rstd = _call("rmsnorm", [x, weight], [float(eps)])
@@ -1272,6 +1446,10 @@ def scaled_dot_product_attention(
     (True takes part) or float (added to the scores), broadcast to [..., T, S]; is_causal masks above the
     diagonal (top-left aligned when T != S). Without a mask or dropout on 4-d inputs this is the fused sdpa op;
     otherwise it is composed of matmul, softmax and dropout."""
+    if fusion.on:
+        r = _fusion_rules.sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale)
+        if r is not None:
+            return r
     q, k, v = _autocast(query, key, value)
     if isinstance(attn_mask, bool):
         raise TypeError(
@@ -1359,8 +1537,6 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     """PyTorch's cross_entropy on logits [N, C] (or [C], or [N, C, d1, ...] with the classes in dim 1) and
     integer class targets: reduction 'mean' (over targets != ignore_index; NaN when there are none), 'sum' or
     'none'; label_smoothing mixes in the uniform distribution. The mean without smoothing is one fused op."""
-    if weight is not None:
-        raise NotImplementedError("cross_entropy: class weights are not supported")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
@@ -1375,7 +1551,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         target = target.reshape(-1)
     if logits.shape[0] != target.shape[0]:
         raise ValueError(f"cross_entropy: {input.shape} logits do not match {out_shape} targets")
-    if reduction != "none" and label_smoothing == 0.0:
+    if reduction != "none" and label_smoothing == 0.0 and weight is None:
         loss = _cross_entropy_mean(logits, target, ignore_index)
         valid = cast(ne(target, ignore_index), "float32")
         count = sum(valid)
@@ -1388,15 +1564,22 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     safe = where(keep, target, 0)
     lp = log_softmax(logits if logits.dtype in ("float32", "float64") else cast(logits, "float32"), -1)
     rows = neg(gather(lp, 1, safe.reshape(-1, 1)).reshape(-1))
+    w_rows = None
+    if weight is not None:  # each row weighted by its target's class weight (PyTorch's; the mean divides by their sum)
+        wf = cast(weight, lp.dtype) if weight.dtype != lp.dtype else weight
+        w_rows = embedding(safe, wf.reshape(-1, 1)).reshape(-1)
+        rows = mul(rows, w_rows)
     if label_smoothing > 0.0:
-        rows = add(affine(rows, 1.0 - label_smoothing, 0.0), affine(mean(lp, -1), -label_smoothing, 0.0))
+        spread = mean(lp, -1) if weight is None else affine(sum(mul(lp, wf), -1), 1.0 / lp.shape[-1], 0.0)
+        rows = add(affine(rows, 1.0 - label_smoothing, 0.0), affine(spread, -label_smoothing, 0.0))
     rows = masked_fill(rows, logical_not(keep), 0.0)
     if reduction == "none":
         return rows.reshape(out_shape)
     total = sum(rows)
     if reduction == "sum":
         return total
-    return div(total, sum(cast(keep, total.dtype)))
+    denom = cast(keep, total.dtype) if w_rows is None else masked_fill(w_rows, logical_not(keep), 0.0)
+    return div(total, sum(denom))
 
 
 def _cross_entropy_mean(logits, target, ignore_index):
@@ -1416,21 +1599,28 @@ def _cross_entropy_mean(logits, target, ignore_index):
     return loss
 
 
-def nll_loss(input, target, ignore_index=-100, reduction="mean"):
-    """Negative log-likelihood of log-probabilities [N, C] at integer targets [N]."""
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    """Negative log-likelihood of log-probabilities [N, C] at integer targets [N], each row weighted by its target's
+    class weight when `weight` is given (the mean then divides by the weights' sum)."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"nll_loss: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     target = _target_ids(target, "nll_loss")
     keep = ne(target, ignore_index)
-    rows = neg(gather(input, 1, where(keep, target, 0).reshape(-1, 1)).reshape(-1))
+    safe = where(keep, target, 0)
+    rows = neg(gather(input, 1, safe.reshape(-1, 1)).reshape(-1))
+    denom = cast(keep, rows.dtype)
+    if weight is not None:
+        w_rows = embedding(safe, (weight if weight.dtype == rows.dtype else cast(weight, rows.dtype)).reshape(-1, 1))
+        rows = mul(rows, w_rows.reshape(-1))
+        denom = mul(denom, w_rows.reshape(-1))
     rows = masked_fill(rows, logical_not(keep), 0.0)
     if reduction == "none":
         return rows
     total = sum(rows)
-    return total if reduction == "sum" else div(total, sum(cast(keep, total.dtype)))
+    return total if reduction == "sum" else div(total, sum(denom))
 
 
-def mse_loss(input, target, reduction="mean"):
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     d = sub(input, target)
     sq = mul(d, d)
     if reduction == "none":

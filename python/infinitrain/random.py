@@ -13,8 +13,15 @@ def _check_seed(seed):
 
 
 class Generator:
-    def __init__(self, seed=0):
-        self.manual_seed(seed)
+    """torch.Generator(device="cpu"): the numbers do not depend on the device, which is kept for PyTorch's API."""
+
+    def __init__(self, device="cpu"):
+        if isinstance(device, int) and not isinstance(device, bool):
+            raise TypeError(
+                "Generator(device): the first argument is a device, as in PyTorch; seed with .manual_seed(n)"
+            )
+        self.device = device
+        self.manual_seed(0)
 
     def manual_seed(self, seed):
         _check_seed(seed)
@@ -39,9 +46,32 @@ class Generator:
         self.seed, self.offset = seed, offset
 
 
-default_generator = Generator(0)
+default_generator = Generator()
 
 
 def manual_seed(seed):
     """Seeds the default generator (used by randn, rand, dropout and parameter init)."""
     return default_generator.manual_seed(seed)
+
+
+def seed():
+    """Seeds the default generator from the operating system's entropy; returns the seed."""
+    import secrets
+
+    s = secrets.randbelow(MAX_SEED)
+    default_generator.manual_seed(s)
+    return s
+
+
+def initial_seed():
+    """The seed the default generator was last seeded with."""
+    return default_generator.seed
+
+
+def get_rng_state():
+    """The default generator's state (a dict: seed and offset; PyTorch's is a byte tensor)."""
+    return default_generator.get_state()
+
+
+def set_rng_state(new_state):
+    default_generator.set_state(new_state)

@@ -17,9 +17,43 @@ Event = _C.Event
 OutOfMemoryError = _C.OutOfMemoryError
 
 
+class Device(str):
+    """A device: its canonical name, a `str` ("cpu", "cuda:1"), with PyTorch's `type` and `index`."""
+
+    __slots__ = ()
+
+    @property
+    def type(self):
+        return self.partition(":")[0]
+
+    @property
+    def index(self):
+        _, sep, i = self.partition(":")
+        return int(i) if sep else None
+
+    def __repr__(self):
+        return f"device({str.__repr__(self)})"
+
+    def __reduce__(self):
+        return (Device, (str(self),))
+
+
+_DEVICES = {}
+
+
+def device_object(name):
+    """The (interned) Device of a canonical device name."""
+    d = _DEVICES.get(name)
+    if d is None:
+        d = _DEVICES[name] = Device(name)
+    return d
+
+
 def parse_device(device):
     """The canonical name of a device ("sim" -> "sim:0"); registers a provider on first use of its name."""
-    return _C.parse_device(device)
+    if isinstance(device, int) and not isinstance(device, bool):
+        raise ValueError(f"a device is a name such as 'cpu' or 'cuda:0', got the integer {device}")
+    return device_object(_C.parse_device(device))
 
 
 def device_count(device_type):

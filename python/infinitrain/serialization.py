@@ -69,8 +69,11 @@ def _join(path, key):
     return f"{path}.{key}" if path else key
 
 
-def save(obj, f):
-    """Writes obj to f (a path or a binary file object)."""
+def save(
+    obj, f, pickle_module=None, pickle_protocol=2, _use_new_zipfile_serialization=True, _disable_byteorder_record=False
+):
+    """Writes obj to f (a path or a binary file object) as safetensors with the structure in its metadata (the
+    pickle switches are PyTorch's and have nothing to switch here)."""
     tensors, bf16 = {}, set()
     structure = _flatten(obj, "", tensors, bf16, {})
     meta = {_STRUCT_KEY: structure}
@@ -87,7 +90,7 @@ def save(obj, f):
             f.write(src.read())
 
 
-def load(f, map_location=None, weights_only=True):
+def load(f, map_location=None, pickle_module=None, *, weights_only=True, mmap=None, **pickle_load_args):
     """Reads what save() wrote (tensors go back to their saved devices, or to map_location). A safetensors file
     written elsewhere loads as a dict of tensors (on the CPU, or map_location)."""
     if isinstance(f, (str, os.PathLike)):

@@ -10,11 +10,13 @@ the op layer free of import cycles.
 
 import numpy as np
 
-from infinitrain import _C, dispatch
+from infinitrain import _C, dispatch, dtypes
 from infinitrain import random as _random
+from infinitrain.runtime import device_object
 
-DTYPES = ("bool", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = tuple(dtypes.BY_NAME[n] for n in dtypes.NAMES)
+FLOAT_DTYPES = tuple(dtypes.BY_NAME[n] for n in ("float16", "bfloat16", "float32", "float64"))
+_DTYPE = dtypes.BY_NAME
 _NUMPY_TO_DTYPE = {np.dtype(d): d for d in DTYPES if d != "bfloat16"}
 
 
@@ -45,11 +47,24 @@ class Tensor:
 
     @property
     def dtype(self):
-        return self._t.dtype
+        return _DTYPE[self._t.dtype]
 
     @property
     def device(self):
-        return self._t.device
+        return device_object(self._t.device)
+
+    @property
+    def is_cuda(self):
+        return self._t.device.startswith("cuda")
+
+    @property
+    def is_cpu(self):
+        return self._t.device == "cpu"
+
+    def get_device(self):
+        """The device index, -1 for the cpu (PyTorch's)."""
+        d = self._t.device
+        return -1 if d == "cpu" else int(d.partition(":")[2])
 
     @property
     def ndim(self):
@@ -70,7 +85,18 @@ class Tensor:
         return self._t.dtype in FLOAT_DTYPES
 
     def element_size(self):
-        return np.dtype(np.uint16 if self.dtype == "bfloat16" else self.dtype).itemsize
+        return _DTYPE[self._t.dtype].itemsize
+
+    @property
+    def itemsize(self):
+        return _DTYPE[self._t.dtype].itemsize
+
+    @property
+    def nbytes(self):
+        return self._t.numel * _DTYPE[self._t.dtype].itemsize
+
+    def is_contiguous(self, memory_format=None):
+        return True  # tensors here are always contiguous
 
     def dim(self):
         return len(self._t.shape)
@@ -95,13 +121,33 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __contains__(self, element):
+        if not isinstance(element, (Tensor, int, float, bool)):
+            raise RuntimeError(f"Tensor.__contains__ takes a Tensor or a scalar, got {type(element).__name__}")
+        return bool((self == element).numpy().any())
+
+    def __index__(self):
+        if self._t.numel != 1 or self._t.dtype in FLOAT_DTYPES:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.numpy().reshape(()))
+
+    def __format__(self, spec):
+        if self._t.numel == 1 and not self._t.shape:
+            return format(self.item(), spec)
+        return object.__format__(self, spec) if spec else repr(self)
+
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
         body = np.array2string(self.numpy(), precision=4, threshold=20, edgeitems=3)
         return f"tensor({body}, dtype={self.dtype}, device={self.device}{grad})"
 
     # ---- host access ----
-    def numpy(self):
+    def numpy(self, *, force=False):
         """A host copy (bfloat16 arrives as float32)."""
         return self._t.numpy()
 
@@ -121,14 +167,24 @@ class Tensor:
     def tolist(self):
         return self.numpy().tolist()
 
+    def _scalar(self, what):
+        if self._t.numel != 1:
+            raise RuntimeError(f"a Tensor with {self._t.numel} elements cannot be converted to {what}")
+        return self.numpy().reshape(()).item()
+
     def __float__(self):
-        return float(self.item())
+        return float(self._scalar("Scalar"))
 
     def __int__(self):
-        return int(self.item())
+        return int(self._scalar("Scalar"))
 
     def __bool__(self):
-        return bool(self.item())
+        if self._t.numel != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self._t.numel} values is ambiguous")
+        return bool(self.numpy().reshape(()).item())
+
+    def __complex__(self):
+        return complex(self._scalar("Scalar"))
 
     def pin_memory(self):
         """A copy in page-locked host memory (a cpu tensor), which copies to a device read asynchronously."""
@@ -138,14 +194,16 @@ class Tensor:
     def detach(self):
         return Tensor(self._t)
 
-    def requires_grad_(self, flag=True):
+    def requires_grad_(self, requires_grad=True):
+        flag = requires_grad
         if flag and self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"only floating tensors can require grad, this one is {self.dtype}")
         self.requires_grad = flag
         return self
 
-    def register_hook(self, fn):
-        """fn(grad) runs when this tensor's gradient is computed; a returned tensor replaces the gradient."""
+    def register_hook(self, hook):
+        """hook(grad) runs when this tensor's gradient is computed; a returned tensor replaces the gradient."""
+        fn = hook
         if not self.requires_grad:
             raise RuntimeError("register_hook on a tensor that does not require grad")
         if self._hooks is None:
@@ -196,14 +254,17 @@ class Tensor:
         dispatch.call("normal_", [self], [float(mean), float(std), seed, offset])
         return self
 
-    def uniform_(self, low=0.0, high=1.0, generator=None):
+    def uniform_(self, from_=0.0, to=1.0, *, generator=None):
+        low, high = from_, to
         seed, offset = (generator or _random.default_generator).advance(self.numel())
         dispatch.call("uniform_", [self], [float(low), float(high), seed, offset])
         return self
 
-    def new_ones(self, shape):
-        """Ones of `shape` with this tensor's dtype and device."""
-        return full(shape, 1.0, self.dtype, self.device)
+    def new_ones(self, *size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
+        """Ones of `size` with this tensor's dtype and device (unless given)."""
+        return full(
+            _shape(size), 1.0, dtype=dtype or self.dtype, device=device or self.device, requires_grad=requires_grad
+        )
 
     def contiguous(self):
         return self
@@ -222,9 +283,9 @@ def _native_dtype_of(arr, dtype):
     raise ValueError(f"cannot make a tensor from NumPy dtype {arr.dtype}")
 
 
-def from_numpy(arr, dtype=None, device="cpu", requires_grad=False, pin_memory=False):
-    """A tensor holding a copy of `arr` (NumPy floats keep their width unless dtype says otherwise)."""
-    arr = np.asarray(arr)
+def from_numpy(ndarray, dtype=None, device="cpu", requires_grad=False, pin_memory=False):
+    """A tensor holding a copy of `ndarray` (NumPy floats keep their width unless dtype says otherwise)."""
+    arr = np.asarray(ndarray)
     dtype = _native_dtype_of(arr, dtype)
     carrier = np.float32 if dtype == "bfloat16" else np.dtype(dtype)
     # ascontiguousarray makes 0-d arrays 1-d; keep the shape.
@@ -235,12 +296,19 @@ def from_numpy(arr, dtype=None, device="cpu", requires_grad=False, pin_memory=Fa
     return t
 
 
-def tensor(data, dtype=None, device="cpu", requires_grad=False):
-    """Like torch.tensor: Python floats become float32, ints int64."""
-    arr = np.asarray(data)
+def tensor(data, dtype=None, device=None, requires_grad=False, pin_memory=False):
+    """Like torch.tensor: Python floats become the default dtype (float32), ints int64; tensors in the data are
+    read as values (a copy)."""
+    if isinstance(data, Tensor):
+        arr = data.numpy()
+        dtype = dtype or data.dtype
+    elif isinstance(data, (list, tuple)) and data and any(isinstance(d, Tensor) for d in data):
+        arr = np.asarray([d.numpy() if isinstance(d, Tensor) else d for d in data])
+    else:
+        arr = np.asarray(data)
     if dtype is None and arr.dtype == np.float64 and not isinstance(data, np.ndarray):
-        dtype = "float32"
-    return from_numpy(arr, dtype, device, requires_grad)
+        dtype = dtypes.get_default_dtype()
+    return from_numpy(arr, dtype, device or "cpu", requires_grad, pin_memory)
 
 
 def _shape(shape):
@@ -249,8 +317,9 @@ def _shape(shape):
     return tuple(int(s) for s in shape)
 
 
-def empty(*shape, dtype="float32", device="cpu", requires_grad=False, pin_memory=False):
-    t = Tensor(_C.empty(list(_shape(shape)), _check_dtype(dtype), device, pin_memory))
+def empty(*size, out=None, dtype=None, device=None, requires_grad=False, pin_memory=False, memory_format=None):
+    dtype = dtype or dtypes.get_default_dtype()
+    t = Tensor(_C.empty(list(_shape(size)), _check_dtype(dtype), device or "cpu", pin_memory))
     return t.requires_grad_() if requires_grad else t
 
 
@@ -263,52 +332,70 @@ def _fill_dtype(value):
     return "float32"
 
 
-def full(shape, value, dtype=None, device="cpu", requires_grad=False):
-    if isinstance(value, Tensor):
-        value = value.item()
-    t = empty(*_shape((shape,)), dtype=dtype or _fill_dtype(value), device=device).fill_(value)
+def full(size, fill_value, *, out=None, dtype=None, device=None, requires_grad=False, layout=None):
+    value = fill_value.item() if isinstance(fill_value, Tensor) else fill_value
+    dtype = dtype or (dtypes.get_default_dtype() if _fill_dtype(value) == "float32" else _fill_dtype(value))
+    t = empty(*_shape((size,)), dtype=dtype, device=device).fill_(value)
     return t.requires_grad_() if requires_grad else t
 
 
-def full_like(t, value, dtype=None, device=None, requires_grad=False):
-    return full(t.shape, value, dtype or t.dtype, device or t.device, requires_grad)
+def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None):
+    return full(
+        input.shape, fill_value, dtype=dtype or input.dtype, device=device or input.device, requires_grad=requires_grad
+    )
 
 
-def empty_like(t, dtype=None, device=None):
-    return empty(*t.shape, dtype=dtype or t.dtype, device=device or t.device)
+def empty_like(input, *, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None):
+    return empty(*input.shape, dtype=dtype or input.dtype, device=device or input.device, requires_grad=requires_grad)
 
 
-def zeros(*shape, dtype="float32", device="cpu", requires_grad=False):
-    return full(_shape(shape), 0.0, dtype, device, requires_grad)
+def zeros(*size, out=None, dtype=None, device=None, requires_grad=False, layout=None):
+    return full(
+        _shape(size), 0.0, dtype=dtype or dtypes.get_default_dtype(), device=device, requires_grad=requires_grad
+    )
 
 
-def ones(*shape, dtype="float32", device="cpu", requires_grad=False):
-    return full(_shape(shape), 1.0, dtype, device, requires_grad)
+def ones(*size, out=None, dtype=None, device=None, requires_grad=False, layout=None):
+    return full(
+        _shape(size), 1.0, dtype=dtype or dtypes.get_default_dtype(), device=device, requires_grad=requires_grad
+    )
 
 
-def zeros_like(t, dtype=None, device=None, requires_grad=False):
-    return zeros(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
+def zeros_like(input, *, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None):
+    return zeros(input.shape, dtype=dtype or input.dtype, device=device or input.device, requires_grad=requires_grad)
 
 
-def ones_like(t, dtype=None, device=None, requires_grad=False):
-    return ones(t.shape, dtype=dtype or t.dtype, device=device or t.device, requires_grad=requires_grad)
+def ones_like(input, *, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None):
+    return ones(input.shape, dtype=dtype or input.dtype, device=device or input.device, requires_grad=requires_grad)
 
 
-def randn_like(t, dtype=None, device=None, generator=None):
-    return randn(*t.shape, dtype=dtype or t.dtype, device=device or t.device, generator=generator)
+def randn_like(input, *, generator=None, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None):
+    return randn(
+        *input.shape,
+        dtype=dtype or input.dtype,
+        device=device or input.device,
+        generator=generator,
+        requires_grad=requires_grad,
+    )
 
 
-def rand_like(t, dtype=None, device=None, generator=None):
-    return rand(*t.shape, dtype=dtype or t.dtype, device=device or t.device, generator=generator)
+def rand_like(input, *, generator=None, dtype=None, device=None, requires_grad=False, layout=None, memory_format=None):
+    return rand(
+        *input.shape,
+        dtype=dtype or input.dtype,
+        device=device or input.device,
+        generator=generator,
+        requires_grad=requires_grad,
+    )
 
 
-def randn(*shape, dtype="float32", device="cpu", requires_grad=False, generator=None):
-    t = empty(*_shape(shape), dtype=dtype, device=device).normal_(generator=generator)
+def randn(*size, generator=None, out=None, dtype=None, device=None, requires_grad=False, pin_memory=False, layout=None):
+    t = empty(*_shape(size), dtype=dtype, device=device, pin_memory=pin_memory).normal_(generator=generator)
     return t.requires_grad_() if requires_grad else t
 
 
-def rand(*shape, dtype="float32", device="cpu", requires_grad=False, generator=None):
-    t = empty(*_shape(shape), dtype=dtype, device=device).uniform_(generator=generator)
+def rand(*size, generator=None, out=None, dtype=None, device=None, requires_grad=False, pin_memory=False, layout=None):
+    t = empty(*_shape(size), dtype=dtype, device=device, pin_memory=pin_memory).uniform_(generator=generator)
     return t.requires_grad_() if requires_grad else t
 
 
@@ -340,11 +427,15 @@ def randint(*args, size=None, generator=None, dtype="int64", device="cpu", requi
     return from_numpy(values, dtype=dtype, device=device)
 
 
-def randperm(n, generator=None, dtype="int64", device="cpu"):
-    return from_numpy(host_rng(generator, n).permutation(int(n)), dtype=dtype, device=device)
+def randperm(
+    n, *, generator=None, out=None, dtype="int64", device=None, requires_grad=False, pin_memory=False, layout=None
+):
+    return from_numpy(
+        host_rng(generator, n).permutation(int(n)), dtype=dtype, device=device or "cpu", pin_memory=pin_memory
+    )
 
 
-def arange(start, end=None, step=1, *, dtype=None, device="cpu", requires_grad=False):
+def arange(start, end=None, step=1, *, out=None, dtype=None, device="cpu", requires_grad=False, layout=None):
     """arange(end) or arange(start, end, step), as PyTorch: int64 when every bound is an integer, float32
     otherwise (unless dtype says)."""
     if end is None:

@@ -41,12 +41,25 @@ from infinitrain.distributed.group import (
 )
 from infinitrain.distributed.zero import ZeroRedundancyOptimizer
 
+
+class ReduceOp:
+    """PyTorch's reduction names; collectives here take them as these strings."""
+
+    SUM, AVG, PRODUCT, MIN, MAX = "sum", "avg", "prod", "min", "max"
+
+
+def is_available():
+    """Whether process groups can be used (always, in this build: Gloo for the cpu, the provider's CCL)."""
+    return True
+
+
 __all__ = [
     "NON_GROUP_MEMBER",
     "OPS",
     "Communicator",
     "DistributedDataParallel",
     "ProcessGroup",
+    "ReduceOp",
     "Work",
     "ZeroRedundancyOptimizer",
     "all_gather",
@@ -65,6 +78,7 @@ __all__ = [
     "has_ccl",
     "init_all",
     "init_process_group",
+    "is_available",
     "init_rank",
     "is_initialized",
     "new_group",

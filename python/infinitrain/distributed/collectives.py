@@ -53,8 +53,12 @@ def all_reduce(tensor, op="sum", group=None, async_op=False):
     return _run(c, g, lambda: c.all_reduce(tensor._t, tensor._t, op), async_op)
 
 
-def broadcast(tensor, src, group=None, async_op=False):
-    """Copies rank src's tensor into every rank's."""
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
+    """Copies rank src's tensor (group rank group_src's) into every rank's."""
+    if src is None:
+        if group_src is None:
+            raise ValueError("broadcast: pass src (a global rank) or group_src")
+        src = group.global_rank(group_src) if group is not None and hasattr(group, "global_rank") else group_src
     c, g = _resolve(group, tensor, "broadcast")
     if c is None:
         return None
@@ -71,8 +75,9 @@ def reduce(tensor, dst, op="sum", group=None, async_op=False):
     return _run(c, g, lambda: c.reduce(tensor._t, tensor._t, op, root), async_op)
 
 
-def all_gather_into_tensor(output, input, group=None, async_op=False):
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     """output (size x input's elements, any shape with that many) gets every rank's input, rank order."""
+    output, input = output_tensor, input_tensor
     c, g = _resolve(group, input, "all_gather_into_tensor")
     if c is None:
         return None

@@ -51,11 +51,21 @@ class DistributedDataParallel(nn.Module):
         module,
         device_ids=None,
         output_device=None,
+        dim=0,
+        broadcast_buffers=True,
+        init_sync=True,
         process_group=None,
         bucket_cap_mb=25.0,
         find_unused_parameters=False,
-        broadcast_buffers=True,
+        check_reduction=False,
+        gradient_as_bucket_view=False,
+        static_graph=False,
+        **kwargs,
     ):
+        # dim, init_sync, check_reduction, gradient_as_bucket_view, static_graph and PyTorch's later options are
+        # accepted: the parameters are always broadcast from rank 0, gradients live in their own tensors.
+        if bucket_cap_mb is None:
+            bucket_cap_mb = 25.0
         super().__init__()
         group = process_group if process_group is not None else default_group()
         if group is NON_GROUP_MEMBER:
@@ -109,6 +119,15 @@ class DistributedDataParallel(nn.Module):
             chunks += [(c, r) for c in _chunks(mine, self._cap)]
         chunks.sort(key=lambda c: -min(position[id(p)] for p in c[0]))
         self._set_buckets(chunks)
+
+    @property
+    def require_backward_grad_sync(self):
+        """PyTorch's switch for the same thing as no_sync(): False while micro-batches only accumulate."""
+        return self._sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, on):
+        self._sync = bool(on)
 
     @contextlib.contextmanager
     def no_sync(self):

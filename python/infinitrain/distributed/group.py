@@ -198,7 +198,19 @@ def _seconds(timeout):
     return float(timeout)
 
 
-def init_process_group(backend=None, init_method=None, world_size=-1, rank=-1, timeout=None, store=None):
+def init_process_group(
+    backend=None,
+    init_method=None,
+    timeout=None,
+    world_size=-1,
+    rank=-1,
+    store=None,
+    group_name="",
+    pg_options=None,
+    device_id=None,
+    _ranks=None,
+    enable_reconfigure=False,
+):
     """Joins the default group: every rank of WORLD_SIZE, meeting at the store on MASTER_ADDR:MASTER_PORT
     (infinitrain.run serves it; otherwise rank 0 does). init_method "env://" (default) or "tcp://host:port".
     backend is accepted for PyTorch's sake: None, "gloo", or the registered provider's CCL; the device of each
@@ -333,7 +345,7 @@ def new_group(ranks=None, timeout=None):
     return ProcessGroup(name, ranks, me, _state["store"])
 
 
-def barrier(group=None):
+def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     """Returns once every rank of group got here (through the store, so no device work is involved)."""
     g = group or _world("barrier")
     if g is NON_GROUP_MEMBER:

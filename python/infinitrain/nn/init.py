@@ -32,7 +32,7 @@ def normal_(tensor, mean=0.0, std=1.0, generator=None):
 
 @autograd.no_grad()
 def uniform_(tensor, a=0.0, b=1.0, generator=None):
-    return tensor.uniform_(a, b, generator)
+    return tensor.uniform_(a, b, generator=generator)
 
 
 @autograd.no_grad()

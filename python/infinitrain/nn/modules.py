@@ -20,8 +20,24 @@ class Parameter(Tensor):
         super().__init__(data._t if isinstance(data, Tensor) else data, requires_grad)
 
 
+class _RemovableHandle:
+    def __init__(self, table, key):
+        self._table, self._key = table, key
+
+    def remove(self):
+        self._table.pop(self._key, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
 class Module:
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
+        if args or kwargs:
+            raise TypeError(f"Module.__init__() takes no arguments, got {len(args)} positional and {sorted(kwargs)}")
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_non_persistent", set())
@@ -79,7 +95,51 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        hooks = self.__dict__.get("_hooks")
+        if hooks is None:
+            return self.forward(*args, **kwargs)
+        for hook in list(hooks["pre"].values()):
+            r = hook(self, args)
+            if r is not None:
+                args = r if isinstance(r, tuple) else (r,)
+        out = self.forward(*args, **kwargs)
+        for hook in list(hooks["post"].values()):
+            r = hook(self, args, out)
+            if r is not None:
+                out = r
+        return out
+
+    def _hook_table(self):
+        hooks = self.__dict__.get("_hooks")
+        if hooks is None:
+            hooks = {"pre": OrderedDict(), "post": OrderedDict(), "next": 0}
+            object.__setattr__(self, "_hooks", hooks)
+        return hooks
+
+    def _add_hook(self, kind, fn):
+        hooks = self._hook_table()
+        key = hooks["next"]
+        hooks["next"] += 1
+        hooks[kind][key] = fn
+        return _RemovableHandle(hooks[kind], key)
+
+    def register_forward_pre_hook(self, hook):
+        """hook(module, args) runs before forward; a returned value replaces the positional arguments."""
+        return self._add_hook("pre", hook)
+
+    def register_forward_hook(self, hook):
+        """hook(module, args, output) runs after forward; a returned value replaces the output."""
+        return self._add_hook("post", hook)
+
+    def register_module(self, name, module):
+        self.add_module(name, module)
+
+    def __delattr__(self, name):
+        for table in ("_parameters", "_buffers", "_modules"):
+            d = self.__dict__.get(table)
+            if d is not None and name in d:
+                del d[name]
+        object.__delattr__(self, name)
 
     # ---- traversal ----
     def named_modules(self, prefix=""):
@@ -194,6 +254,12 @@ class Module:
     def cpu(self):
         return self.to("cpu")
 
+    def cuda(self, device=None):
+        return self.to("cuda" if device is None else (f"cuda:{device}" if isinstance(device, int) else device))
+
+    def type(self, dst_type):
+        return self.to(dst_type)
+
     def float(self):
         return self.to("float32")
 
@@ -217,12 +283,15 @@ class Module:
                 if b is not None and bname not in m._non_persistent:
                     yield pre + bname, b
 
-    def state_dict(self):
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
         """name -> Tensor, shared with the module: parameters and persistent buffers; a tied parameter appears
-        under each of its names, as in PyTorch."""
-        return OrderedDict(self._state_items())
+        under each of its names, as in PyTorch. keep_vars=False gives detached tensors, as PyTorch's."""
+        out = OrderedDict() if destination is None else destination
+        for k, v in self._state_items():
+            out[prefix + k] = v if keep_vars else v.detach()
+        return out
 
-    def load_state_dict(self, state, strict=True):
+    def load_state_dict(self, state, strict=True, assign=False):
         own = self.state_dict()
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -292,15 +361,39 @@ class Linear(Module):
 class Embedding(Module):
     """weight[ids] for int64 or int32 ids; N(0, 1) init as PyTorch (std overrides), padding_idx's row zero."""
 
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, device="cpu", dtype="float32", std=1.0):
+    def __init__(
+        self,
+        num_embeddings,
+        embedding_dim,
+        padding_idx=None,
+        max_norm=None,
+        norm_type=2.0,
+        scale_grad_by_freq=False,
+        sparse=False,
+        _weight=None,
+        _freeze=False,
+        device=None,
+        dtype=None,
+        *,
+        std=1.0,
+    ):
         super().__init__()
+        if max_norm is not None or scale_grad_by_freq or sparse:
+            raise NotImplementedError("Embedding: max_norm, scale_grad_by_freq and sparse are not supported")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise ValueError(f"padding_idx {padding_idx} is out of range for {num_embeddings} embeddings")
             padding_idx %= num_embeddings
         self.padding_idx = padding_idx
+        if _weight is not None:
+            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+                raise ValueError(f"Embedding: _weight must be [{num_embeddings}, {embedding_dim}], got {_weight.shape}")
+            self.weight = Parameter(_weight, requires_grad=not _freeze)
+            return
         self.weight = _init((num_embeddings, embedding_dim), std, device or "cpu", dtype or "float32")
+        if _freeze:
+            self.weight.requires_grad = False
         if padding_idx is not None:
             with autograd.no_grad():
                 self.weight[padding_idx] = 0.0
@@ -471,17 +564,43 @@ class Softmax(Module):
         return F.softmax(x, self.dim)
 
 
-class CrossEntropyLoss(Module):
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+class LogSoftmax(Softmax):
+    def forward(self, x):
+        return F.log_softmax(x, self.dim)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
-        if weight is not None:
-            raise NotImplementedError("CrossEntropyLoss: class weights are not supported")
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x):
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class Unflatten(Module):
+    def __init__(self, dim, unflattened_size):
+        super().__init__()
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, x):
+        d = self.dim % x.ndim
+        return x.reshape(x.shape[:d] + self.unflattened_size + x.shape[d + 1 :])
+
+
+class CrossEntropyLoss(Module):
+    def __init__(
+        self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean", label_smoothing=0.0
+    ):
+        super().__init__()
+        self.weight = weight
         self.ignore_index, self.reduction, self.label_smoothing = ignore_index, reduction, label_smoothing
 
     def forward(self, input, target):
         return F.cross_entropy(
             input,
             target,
+            weight=self.weight,
             ignore_index=self.ignore_index,
             reduction=self.reduction,
             label_smoothing=self.label_smoothing,
@@ -489,7 +608,7 @@ class CrossEntropyLoss(Module):
 
 
 class MSELoss(Module):
-    def __init__(self, reduction="mean"):
+    def __init__(self, size_average=None, reduce=None, reduction="mean"):
         super().__init__()
         self.reduction = reduction
 
@@ -521,6 +640,78 @@ class ModuleList(Module):
 
     def __iter__(self):
         return iter(self._modules.values())
+
+
+class ParameterList(Module):
+    """Parameters in a list, registered as "0", "1", ... (tensors are wrapped as Parameters)."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        for v in values or ():
+            self.append(v)
+
+    def append(self, value):
+        setattr(self, str(len(self._parameters)), value if isinstance(value, Parameter) else Parameter(value))
+        return self
+
+    def extend(self, values):
+        for v in values:
+            self.append(v)
+        return self
+
+    def __getitem__(self, i):
+        items = list(self._parameters.values())
+        return ParameterList(items[i]) if isinstance(i, slice) else items[i]
+
+    def __setitem__(self, i, value):
+        setattr(self, str(i % len(self)), value if isinstance(value, Parameter) else Parameter(value))
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters.values())
+
+
+class ParameterDict(Module):
+    """Parameters by name (tensors are wrapped as Parameters)."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        if parameters is not None:
+            self.update(parameters)
+
+    def update(self, parameters):
+        for k, v in parameters.items() if hasattr(parameters, "items") else parameters:
+            self[k] = v
+
+    def __getitem__(self, key):
+        return self._parameters[key]
+
+    def __setitem__(self, key, value):
+        setattr(self, key, value if isinstance(value, Parameter) else Parameter(value))
+
+    def __delitem__(self, key):
+        del self._parameters[key]
+        object.__delattr__(self, key)
+
+    def __contains__(self, key):
+        return key in self._parameters
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters)
+
+    def keys(self):
+        return self._parameters.keys()
+
+    def values(self):
+        return self._parameters.values()
+
+    def items(self):
+        return self._parameters.items()
 
 
 class ModuleDict(Module):

@@ -196,10 +196,28 @@ class SGD(Optimizer):
     """p -= lr * b with b = momentum * b + (g + weight_decay * p) (b = g without momentum), or the Nesterov
     form g + momentum * b, as PyTorch's SGD without dampening."""
 
-    def __init__(self, params, lr=1e-3, momentum=0.0, weight_decay=0.0, nesterov=False, dampening=0.0):
-        if dampening:
-            raise NotImplementedError("SGD: dampening is not supported")
-        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": bool(nesterov)}
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        momentum=0.0,
+        dampening=0.0,
+        weight_decay=0.0,
+        nesterov=False,
+        *,
+        maximize=False,
+        foreach=None,
+        differentiable=False,
+        fused=None,
+    ):
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "nesterov": bool(nesterov),
+            "dampening": dampening,
+            "maximize": bool(maximize),
+        }
         self.buffers = []
         super().__init__(params, defaults)
 
@@ -214,8 +232,9 @@ class SGD(Optimizer):
     def _check(self, group):
         super()._check(group)
         group["momentum"] = _hyper("momentum", group["momentum"], 0.0, 1.0)
-        if group["nesterov"] and not group["momentum"]:
-            raise ValueError("SGD: nesterov needs momentum > 0")
+        group["dampening"] = _hyper("dampening", group["dampening"], 0.0, 1.0)
+        if group["nesterov"] and (not group["momentum"] or group["dampening"]):
+            raise ValueError("SGD: nesterov needs momentum > 0 and zero dampening")
 
     def _init_state(self, params):
         self.buffers += [None] * len(params)
@@ -226,7 +245,7 @@ class SGD(Optimizer):
         for j, p in enumerate(group["params"]):
             if p.grad is None:
                 continue
-            g = p.grad
+            g = -p.grad if group["maximize"] else p.grad
             if wd:
                 g = g + p * wd
             if mom:
@@ -235,7 +254,8 @@ class SGD(Optimizer):
                     self.buffers[i] = g.clone()
                 else:
                     b = self.buffers[i]
-                    dispatch.call("copy_", [b, b * mom + g])
+                    damp = group["dampening"]
+                    dispatch.call("copy_", [b, b * mom + (g * (1.0 - damp) if damp else g)])
                 g = g + self.buffers[i] * mom if group["nesterov"] else self.buffers[i]
             dispatch.call("axpy_", [p, g], [-lr])
 
@@ -278,11 +298,27 @@ class AdamW(Optimizer):
 
     decoupled = True
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False):
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.01,
+        amsgrad=False,
+        *,
+        maximize=False,
+        foreach=None,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+    ):
+        # foreach and fused name PyTorch's implementations; here every step is the fused multi-tensor kernel.
         if amsgrad:
             raise NotImplementedError(f"{type(self).__name__}: amsgrad is not supported")
         self.m, self.v = [], []
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "maximize": bool(maximize)}
+        super().__init__(params, defaults)
 
     @property
     def betas(self):
@@ -320,6 +356,8 @@ class AdamW(Optimizer):
             if p.grad is None:
                 continue
             grad = p.grad if p.grad.dtype == p.dtype else p.grad.to(p.dtype)
+            if group.get("maximize"):
+                grad = -grad
             if wd and not self.decoupled:
                 grad = grad + p * wd  # Adam's L2 penalty enters the moments
             lists = sets.setdefault((p.device, p.dtype), ([], [], [], []))
@@ -349,8 +387,189 @@ class Adam(AdamW):
 
     decoupled = False
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad)
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.0,
+        amsgrad=False,
+        *,
+        foreach=None,
+        maximize=False,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+        decoupled_weight_decay=False,
+    ):
+        self.decoupled = bool(decoupled_weight_decay)  # True: AdamW's update
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+
+
+class _Buffered(Optimizer):
+    """An optimizer whose state is a few named per-parameter buffers (float32, float64 for float64 parameters),
+    made on first use: RMSprop, Adagrad. Their steps run as ops, one parameter at a time."""
+
+    BUFFERS = ()  # (state name, checkpoint prefix)
+
+    def _init_state(self, params):
+        if not hasattr(self, "_bufs"):
+            self._bufs = {name: [] for name, _ in self.BUFFERS}
+        for name, _ in self.BUFFERS:
+            self._bufs[name] += [None] * len(params)
+
+    def _buf(self, name, i, p, init=0.0):
+        b = self._bufs[name][i]
+        if b is None:
+            b = self._bufs[name][i] = zeros(
+                p.shape, dtype="float64" if p.dtype == "float64" else "float32", device=p.device
+            ).fill_(init)
+        return b
+
+    def _offset(self, group):
+        start = 0
+        for g in self.param_groups:
+            if g is group:
+                return start
+            start += len(g["params"])
+        raise ValueError("not a parameter group of this optimizer")
+
+    def _param_state(self, i):
+        return {name: self._bufs[name][i] for name, _ in self.BUFFERS if self._bufs[name][i] is not None}
+
+    def _tensors_from_state(self, state):
+        out = {}
+        for i, st in state.items():
+            for name, prefix in self.BUFFERS:
+                if name in st:
+                    out[f"{prefix}.{i}"] = st[name]
+        return out
+
+    def _state_tensors_live(self, wanted=None):
+        params = self.params
+        for w in wanted or ():
+            prefix, _, idx = w.partition(".")
+            for name, pre in self.BUFFERS:
+                if pre == prefix and idx.isdigit() and int(idx) < len(params):
+                    self._buf(name, int(idx), params[int(idx)])
+        return {f"{pre}.{i}": b for name, pre in self.BUFFERS for i, b in enumerate(self._bufs[name]) if b is not None}
+
+
+class RMSprop(_Buffered):
+    """v = alpha v + (1 - alpha) g^2; p -= lr g / (sqrt(v) + eps) (centered: v minus the squared mean gradient;
+    momentum: through a buffer), PyTorch's RMSprop."""
+
+    BUFFERS = (("square_avg", "square_avg"), ("momentum_buffer", "momentum"), ("grad_avg", "grad_avg"))
+
+    def __init__(
+        self,
+        params,
+        lr=1e-2,
+        alpha=0.99,
+        eps=1e-8,
+        weight_decay=0.0,
+        momentum=0.0,
+        centered=False,
+        capturable=False,
+        foreach=None,
+        maximize=False,
+        differentiable=False,
+    ):
+        defaults = {
+            "lr": lr,
+            "alpha": alpha,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "centered": bool(centered),
+            "maximize": bool(maximize),
+        }
+        super().__init__(params, defaults)
+
+    def _check(self, group):
+        super()._check(group)
+        group["alpha"] = _hyper("alpha", group["alpha"], 0.0, 1.0)
+        group["eps"] = _hyper("eps", group["eps"], 0.0, math.inf, hi_open=True)
+        group["momentum"] = _hyper("momentum", group["momentum"], 0.0, 1.0)
+
+    def _step_group(self, group):
+        start = self._offset(group)
+        a, eps, wd, mom = group["alpha"], group["eps"], group["weight_decay"], group["momentum"]
+        for j, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            i = start + j
+            g = p.grad.to(self._buf("square_avg", i, p).dtype)
+            if group["maximize"]:
+                g = -g
+            if wd:
+                g = g + p.to(g.dtype) * wd
+            v = self._buf("square_avg", i, p)
+            v.copy_(v * a + g * g * (1.0 - a))
+            denom = v
+            if group["centered"]:
+                ga = self._buf("grad_avg", i, p)
+                ga.copy_(ga * a + g * (1.0 - a))
+                denom = v - ga * ga
+            denom = F.sqrt(denom) + eps
+            if mom:
+                b = self._buf("momentum_buffer", i, p)
+                b.copy_(b * mom + g / denom)
+                p.copy_(p - b * group["lr"])
+            else:
+                p.copy_(p - (g / denom) * group["lr"])
+
+
+class Adagrad(_Buffered):
+    """s += g^2; p -= lr / (1 + (step - 1) lr_decay) * g / (sqrt(s) + eps), PyTorch's Adagrad."""
+
+    BUFFERS = (("sum", "sum"),)
+
+    def __init__(
+        self,
+        params,
+        lr=1e-2,
+        lr_decay=0.0,
+        weight_decay=0.0,
+        initial_accumulator_value=0.0,
+        eps=1e-10,
+        foreach=None,
+        *,
+        maximize=False,
+        differentiable=False,
+        fused=None,
+    ):
+        defaults = {
+            "lr": lr,
+            "lr_decay": lr_decay,
+            "weight_decay": weight_decay,
+            "eps": eps,
+            "initial_accumulator_value": initial_accumulator_value,
+            "maximize": bool(maximize),
+        }
+        super().__init__(params, defaults)
+
+    def _check(self, group):
+        super()._check(group)
+        group["lr_decay"] = _hyper("lr_decay", group["lr_decay"], 0.0, math.inf, hi_open=True)
+        group["eps"] = _hyper("eps", group["eps"], 0.0, math.inf, hi_open=True)
+
+    def _step_group(self, group):
+        start = self._offset(group)
+        clr = group["lr"] / (1.0 + (self.step_count - 1) * group["lr_decay"])
+        for j, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            i = start + j
+            acc = self._buf("sum", i, p, group["initial_accumulator_value"])
+            g = p.grad.to(acc.dtype)
+            if group["maximize"]:
+                g = -g
+            if group["weight_decay"]:
+                g = g + p.to(g.dtype) * group["weight_decay"]
+            acc.copy_(acc + g * g)
+            p.copy_(p - (g / (F.sqrt(acc) + group["eps"])) * clr)
 
 
 @autograd.no_grad()

@@ -130,6 +130,19 @@ def _binary_with(fn, first, second):
     return Spec(make, lambda xs, at, d: [fn(xs[0], xs[1])])
 
 
+def _cumsum_ref(x, dim, reverse):
+    if reverse:
+        return np.flip(np.cumsum(np.flip(x, dim), dim), dim)
+    return np.cumsum(x, dim)
+
+
+def _sort_ref(x, descending):
+    """(values, int64 positions): a stable sort of the last dim (NaN largest), descending by reversing the keys."""
+    keys = -x if descending else x
+    order = np.argsort(keys, axis=-1, kind="stable")
+    return np.take_along_axis(x, order, -1), (order.astype(np.int64), "int64")
+
+
 def _axis(dims):
     return tuple(dims) if dims else None
 
@@ -798,6 +811,15 @@ SPECS = {
     "amax": _reduce(np.max, [], 0),
     "argmax": Spec(
         lambda gen, d: ([(_randn(gen), d)], [1, 0]), lambda xs, at, d: [np.argmax(xs[0], axis=at[0]).astype(np.int64)]
+    ),
+    "cumsum": Spec(
+        lambda gen, d: ([(_randn(gen), d)], [int(gen.integers(-3, 3)), int(gen.integers(0, 2))]),
+        lambda xs, at, d: [_cumsum_ref(xs[0], at[0], at[1])],
+    ),
+    "sort": Spec(
+        # A coarse grid: ties, which must keep their positions' order.
+        lambda gen, d: ([(np.round(_randn(gen) * 2) / 2, d)], [int(gen.integers(0, 2))]),
+        lambda xs, at, d: list(_sort_ref(xs[0], at[0])),
     ),
     "sum_squares": Spec(lambda gen, d: ([(_randn(gen), d)], []), lambda xs, at, d: [(np.sum(xs[0] ** 2), stat(d))]),
     "foreach_sum_squares": Spec(

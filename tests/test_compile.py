@@ -1,0 +1,258 @@
+"""it.compile: a model written the plain PyTorch way, compiled, computes what it computes eagerly (losses and every
+gradient), while its transposes into attention, residual adds with their next norm, and the norms' 16-bit outputs
+for linear layers run as the fused ops; the wrapper behaves as torch.compile's."""
+
+import math
+
+import numpy as np
+import pytest
+
+import infinitrain as it
+import infinitrain.nn as nn
+import infinitrain.nn.functional as F
+from harness import DEVICE, rng
+
+C, H, KV, T, V = 32, 4, 2, 16, 50
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+
+    def forward(self, x):
+        B, T_, _ = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T_, H, C // H).transpose(1, 2)
+        k = k.view(B, T_, H, C // H).transpose(1, 2)
+        v = v.view(B, T_, H, C // H).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T_, C))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.attn = Attention()
+        self.mlp = nn.Sequential(nn.Linear(C, 4 * C), nn.GELU(), nn.Linear(4 * C, C), nn.Dropout(0.0))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.h = nn.ModuleList([Block(), Block()])
+        self.ln_f = nn.LayerNorm(C)
+        self.head = nn.Linear(C, V, bias=False)
+        self.wte.weight = self.head.weight
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(it.arange(idx.size(1), device=idx.device))
+        for b in self.h:
+            x = b(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return it.cat((-b, a), dim=-1)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.n1, self.n2 = nn.RMSNorm(C, eps=1e-5), nn.RMSNorm(C, eps=1e-5)
+        self.wq = nn.Linear(C, C, bias=False)
+        self.wk = nn.Linear(C, KV * C // H, bias=False)
+        self.wv = nn.Linear(C, KV * C // H, bias=False)
+        self.wo = nn.Linear(C, C, bias=False)
+        self.w1, self.w3 = nn.Linear(C, 64, bias=False), nn.Linear(C, 64, bias=False)
+        self.w2 = nn.Linear(64, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T_, _ = x.shape
+        h = self.n1(x)
+        q = self.wq(h).view(B, T_, H, C // H).transpose(1, 2)
+        k = self.wk(h).view(B, T_, KV, C // H).transpose(1, 2)
+        v = self.wv(h).view(B, T_, KV, C // H).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.wo(y.transpose(1, 2).reshape(B, T_, C))
+        h = self.n2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class Llama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.layers = nn.ModuleList([LlamaLayer(), LlamaLayer()])
+        self.norm = nn.RMSNorm(C, eps=1e-5)
+        self.out = nn.Linear(C, V, bias=False)
+        d = C // H
+        ang = np.outer(np.arange(T), 1.0 / 10000 ** (np.arange(0, d, 2) / d))
+        ang = np.concatenate([ang, ang], -1)
+        self.register_buffer("cos", it.tensor(np.cos(ang), dtype="float32"))
+        self.register_buffer("sin", it.tensor(np.sin(ang), dtype="float32"))
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        for layer in self.layers:
+            x = layer(x, self.cos, self.sin)
+        return F.cross_entropy(self.out(self.norm(x)).view(-1, V), targets.view(-1))
+
+
+def _data():
+    g = rng()
+    return (it.tensor(g.integers(0, V, (3, T)), device=DEVICE), it.tensor(g.integers(0, V, (3, T)), device=DEVICE))
+
+
+def _run(model, x, y, dtype, steps=3):
+    """Losses and final gradients of a few SGD steps (autocast in dtype unless float32)."""
+    opt = it.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with it.autocast(device_type=it.device(DEVICE).type, dtype=dtype, enabled=dtype != "float32"):
+            loss = model(x, y)
+        loss.backward()
+        losses.append(loss.item())
+        grads = [p.grad.numpy() for p in model.parameters()]
+        opt.step()
+    return losses, grads
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", [GPT, Llama], ids=["gpt", "llama"])
+def test_compiled_equals_eager(family, dtype):
+    x, y = _data()
+    it.manual_seed(0)
+    eager = family().to(DEVICE)
+    it.manual_seed(0)
+    compiled = it.compile(family().to(DEVICE))
+    le, ge = _run(eager, x, y, dtype)
+    lc, gc = _run(compiled, x, y, dtype)
+    if dtype == "float32" and family is GPT:
+        # The fused norm and attention do the plain ops' arithmetic: the same bits.
+        assert le == lc
+        for a, b in zip(ge, gc, strict=True):
+            np.testing.assert_array_equal(a, b)
+    elif dtype == "float32":
+        # swiglu's backward kernel takes silu's derivative in one expression, autograd of silu * up in two ops: the
+        # last bits of the gradients may differ (float32's tolerance, scaled to each gradient).
+        np.testing.assert_allclose(lc, le, rtol=1e-6)
+        for a, b in zip(ge, gc, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * np.abs(a).max())
+    else:
+        # bfloat16: the fused norm writes its 16-bit output from float32 directly (one rounding, as the cast);
+        # attention in the projections' layout may pick another kernel on a GPU: bf16's tolerance.
+        np.testing.assert_allclose(lc, le, rtol=2e-2)
+        for a, b in zip(ge, gc, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1.6e-2, atol=2e-2 * np.abs(a).max())
+
+
+def _ops(fn):
+    with it.profiler.profile() as prof:
+        fn()
+    return {r.op for r in prof.records}
+
+
+def test_compiled_model_runs_the_fused_ops():
+    x, y = _data()
+    it.manual_seed(0)
+    model = GPT().to(DEVICE)
+    compiled = it.compile(model)
+
+    def step(m):
+        def run():
+            with it.autocast(device_type=it.device(DEVICE).type, dtype="bfloat16"):
+                loss = m(x, y)
+            loss.backward()
+
+        return run
+
+    eager_ops, fused_ops = _ops(step(model)), _ops(step(compiled))
+    assert "permute" in eager_ops and "sdpa" in eager_ops
+    assert "permute" not in fused_ops, fused_ops  # no transposed copies, forward or backward
+    assert {"sdpa_bthd", "sdpa_bthd_backward", "add_layernorm", "add_layernorm_backward"} <= fused_ops, fused_ops
+    llama = it.compile(Llama().to(DEVICE))
+    llama_ops = _ops(step(llama))
+    assert "permute" not in llama_ops and {"sdpa_bthd", "add_rmsnorm", "swiglu"} <= llama_ops, llama_ops
+    # The norm feeding q, k and v (and gate and up) runs once, in the 16-bit dtype: no float32 norm, no casts of it.
+    counts = {}
+    with it.profiler.profile() as prof:
+        with it.autocast(device_type=it.device(DEVICE).type, dtype="bfloat16"):
+            llama(x, y)
+    for r in prof.records:
+        counts[r.op] = counts.get(r.op, 0) + 1
+    assert counts.get("rmsnorm", 0) == 1 and counts["add_rmsnorm"] == 4, counts  # 1: the first layer's input
+
+
+def test_optimized_module_behaves_as_torch_compiles():
+    m = GPT()
+    c = it.compile(m)
+    assert c._orig_mod is m and c.ln_f is m.ln_f and len(c.h) == 2
+    assert all(k.startswith("_orig_mod.") for k in c.state_dict())
+    assert [id(p) for p in c.parameters()] == [id(p) for p in m.parameters()]
+    c.eval()
+    assert not m.training
+    assert it.compile(m, disable=True) is m
+    assert isinstance(it.compile(mode="max-autotune", fullgraph=True)(m), type(c))
+
+    @it.compile
+    def f(a, b):
+        return (a.transpose(0, 1) + b.transpose(0, 1)).transpose(0, 1) * 2
+
+    a, b = rng().standard_normal((3, 4)), rng().standard_normal((3, 4))
+    out = f(it.tensor(a), it.tensor(b))
+    np.testing.assert_allclose(out.numpy(), (a + b) * 2, rtol=1e-6)
+    assert out.shape == (3, 4)
+
+
+def test_pending_values_read_as_tensors():
+    a = it.tensor(rng().standard_normal((2, 3, 4, 5)), device=DEVICE)
+
+    def fn(x):
+        p = x.transpose(1, 2)
+        assert p.shape == (2, 4, 3, 5) and p.dim() == 4 and p.size(1) == 4 and p.is_floating_point()
+        return p, (p * 2).sum(), p.numpy()
+
+    p, s, arr = it.compile(fn)(a)
+    np.testing.assert_array_equal(arr, a.numpy().transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(p.numpy(), arr)
+    assert math.isclose(s.item(), float(arr.sum() * 2), rel_tol=1e-5)
+
+
+def test_a_deferred_input_written_in_place_is_an_error():
+    x = it.tensor(rng().standard_normal((2, 3)), device=DEVICE)
+    y = it.tensor(rng().standard_normal((2, 3)), device=DEVICE)
+
+    def fn(a, b):
+        s = a + b  # pending
+        a.add_(1.0)  # a plain tensor written in place before s is read
+        return s
+
+    with pytest.raises(RuntimeError, match="modified in place"):
+        it.compile(fn)(x, y)
+
+
+def test_backward_inside_a_compiled_function_runs_plain_ops():
+    model = GPT().to(DEVICE)
+    x, y = _data()
+
+    @it.compile
+    def step():
+        loss = model(x, y)
+        loss.backward()
+        return loss
+
+    loss = step()
+    assert math.isfinite(loss.item()) and all(p.grad is not None for p in model.parameters())
