@@ -44,8 +44,10 @@ def test_device_module_of_the_device_under_test():
     assert mod.memory_allocated() >= x.numel() * 4 and mod.max_memory_allocated() >= mod.memory_allocated()
     assert mod.memory_reserved() >= mod.memory_allocated()
     s = mod.Stream()
+    s.wait_stream(mod.current_stream())  # x was made on the current stream
     with mod.stream(s):
         y = x * 2
+    mod.current_stream().wait_stream(s)  # y is read on the current stream below
     ev0, ev1 = mod.Event(enable_timing=True), mod.Event(enable_timing=True)
     ev0.record()
     z = y + 1

@@ -64,6 +64,17 @@ void BindRuntime(py::module_& m) {
                  }
                  GetRuntime(s.device().type).StreamWaitEvent(s, e.get());
              })
+        .def("wait_stream",
+             [](const Stream& s, const Stream& other) {
+                 // Work issued on s from now on waits for what other has been given so far (PyTorch's).
+                 if (other.device() != s.device()) {
+                     throw std::invalid_argument("wait_stream: the streams are on different devices");
+                 }
+                 EventHandle e(other.device());
+                 DeviceRuntime& rt = GetRuntime(s.device().type);
+                 rt.RecordEvent(e.get(), other);
+                 rt.StreamWaitEvent(s, e.get());
+             })
         .def("__eq__", [](const Stream& a, const Stream& b) { return a == b; })
         .def("__hash__", [](const Stream& s) { return std::hash<void*>()(s.handle()) ^ s.device().index; })
         .def("__repr__", &Stream::ToString);
