@@ -465,8 +465,8 @@ def test_profile_and_precision_steps_outside_the_run_are_refused(corpus, tmp_pat
 def test_one_accelerator_takes_its_batches_through_a_device_loader(corpus, tmp_path, capsys, monkeypatch):
     """A single non-cpu device reads the training and validation batches through DeviceLoader (pinned buffers
     copied ahead on a side stream); the cpu reads the arrays as before."""
-    from infinitrain import train
     from infinitrain.data.device import DeviceLoader
+    from infinitrain.training import strategy
 
     made = []
 
@@ -480,7 +480,7 @@ def test_one_accelerator_takes_its_batches_through_a_device_loader(corpus, tmp_p
             self.handed += 1
             return super().__next__()
 
-    monkeypatch.setattr(train, "DeviceLoader", Counting)
+    monkeypatch.setattr(strategy, "DeviceLoader", Counting)
     args = [f"--input_bin={corpus}", f"--input_val_bin={corpus}", "--num_iteration=3", "--val_loss_every=2"]
     p = run_in_process(capsys, *args, "--val_batches=2", *TINY, f"--metrics_file={tmp_path / 'm.jsonl'}")
     assert p.returncode == 0, p.stderr

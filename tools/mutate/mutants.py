@@ -33,7 +33,8 @@ def ops(*files):
 
 
 GPT2, LLAMA = "python/infinitrain/models/gpt2.py", "python/infinitrain/models/llama3.py"
-SAMPLING, TRAIN_PY = "python/infinitrain/models/sampling.py", "python/infinitrain/train.py"
+SAMPLING = "python/infinitrain/models/sampling.py"
+STRATEGY, TRAINER = "python/infinitrain/training/strategy.py", "python/infinitrain/training/trainer.py"
 NORM, LOSS, ATTN = (
     "infinitrain/kernels/cpu/norm.cc",
     "infinitrain/kernels/cpu/loss.cc",
@@ -134,7 +135,7 @@ MUTANTS = [
     # ---- train CLI ----
     Mutant(
         "P10",
-        TRAIN_PY,
+        STRATEGY,
         "loss = loss * (1.0 / accum)",
         "loss = loss * 1.0",
         "gradient accumulation sums instead of averaging micro-batches",
@@ -142,24 +143,24 @@ MUTANTS = [
     ),
     Mutant(
         "P11",
-        TRAIN_PY,
-        'values["learning_rate"], values["weight_decay"]',
-        'values["learning_rate"], 0.0',
+        STRATEGY,
+        "cfg.optimizer, cfg.learning_rate, cfg.weight_decay",
+        "cfg.optimizer, cfg.learning_rate, 0.0",
         "--weight_decay ignored",
         TRAIN,
     ),
-    Mutant("P12", TRAIN_PY, 'clip = values["grad_clip"] or None', "clip = None", "--grad_clip ignored", TRAIN),
+    Mutant("P12", STRATEGY, "clip = cfg.grad_clip or None", "clip = None", "--grad_clip ignored", TRAIN),
     Mutant(
         "P13",
-        TRAIN_PY,
-        'llmc_filepath=values["llmc_filepath"],',
+        TRAINER,
+        "llmc_filepath=cfg.llmc_filepath,",
         'llmc_filepath="",',
         "--llmc_filepath ignored",
         TRAIN,
     ),
     Mutant(
         "P14",
-        TRAIN_PY,
+        STRATEGY,
         'all_reduce(comm, p.grad, "avg")',
         'all_reduce(comm, p.grad, "sum")',
         "data parallelism sums gradients instead of averaging",
@@ -167,7 +168,7 @@ MUTANTS = [
     ),
     Mutant(
         "P15",
-        TRAIN_PY,
+        STRATEGY,
         "for _ in range(min(batches, ",
         "for _ in range(min(2**62, ",  # every batch of the epoch
         "--val_batches ignored",
@@ -175,13 +176,20 @@ MUTANTS = [
     ),
     Mutant(
         "P16",
-        TRAIN_PY,
-        "            print(line, flush=True)\n            log.write(line)\n",
-        "            print(line, flush=True)\n",
+        TRAINER,
+        "        print(line, flush=True)\n        self.outputs.log.write(line)\n",
+        "        print(line, flush=True)\n",
         "--log_file gets no step lines",
         TRAIN,
     ),
-    Mutant("P17", TRAIN_PY, 'autocast = values["dtype"] == "bfloat16"', "autocast = False", "--dtype ignored", TRAIN),
+    Mutant(
+        "P17",
+        "python/infinitrain/training/config.py",
+        'return self.dtype == "bfloat16"',
+        "return False",
+        "--dtype ignored",
+        TRAIN,
+    ),
     # ---- nn, optim, autograd, data ----
     Mutant(
         "P18",

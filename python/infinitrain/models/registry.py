@@ -208,35 +208,41 @@ RUN_FLAGS = (
 )
 
 
+# name -> (type, default, help, lower bound): the CLI's model flags (RunConfig's fields, define_flags' flags).
+FLAG_SPECS = {
+    "config_json": (str, "", "Hugging Face config.json giving a fresh model's sizes.", None),
+    "init_from": (str, "", "Start from these weights: a Hugging Face checkpoint folder or an llm.c model file.", None),
+    "intermediate_size": (int, 0, "MLP / expert width of a fresh model (0: derived).", 0),
+    "num_experts": (int, 8, "Experts per MoE layer of a fresh Mixtral.", 1),
+    "num_experts_per_tok": (int, 2, "Experts each token is routed to (top-k).", 1),
+    "router_aux_loss_coef": (
+        float,
+        None,
+        "Weight of the router's load-balancing loss in a mixture-of-experts model's loss (default: the model's, "
+        "Mixtral 0.02, Qwen3-MoE 0.001, or its config.json's).",
+        0.0,
+    ),
+    "lora_rank": (int, 0, "LoRA rank (0: full fine-tuning).", 0),
+    "lora_alpha": (float, 16.0, "LoRA alpha: the update is scaled by alpha / rank.", None),
+    "lora_target_modules": (
+        str,
+        "",
+        "Comma-separated linear layer names to adapt (empty: the attention projections).",
+        None,
+    ),
+    "lora_dropout": (float, 0.0, "Dropout on the LoRA path's input.", None),
+}
+
+
 def define_flags(flag_values=None):
     """Declares the flags these helpers read (the CLI keeps --model, sizes, --device, ...)."""
     from absl import flags
 
     fv = flag_values or flags.FLAGS
-    flags.DEFINE_string("config_json", "", "Hugging Face config.json giving a fresh model's sizes.", flag_values=fv)
-    flags.DEFINE_string(
-        "init_from", "", "Start from these weights: a Hugging Face checkpoint folder or an llm.c model file.",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_integer(
-        "intermediate_size", 0, "MLP / expert width of a fresh model (0: derived).", lower_bound=0, flag_values=fv
-    )
-    flags.DEFINE_integer("num_experts", 8, "Experts per MoE layer of a fresh Mixtral.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer(
-        "num_experts_per_tok", 2, "Experts each token is routed to (top-k).", lower_bound=1, flag_values=fv
-    )
-    flags.DEFINE_float(
-        "router_aux_loss_coef", None,
-        "Weight of the router's load-balancing loss in a mixture-of-experts model's loss (default: the model's, "
-        "Mixtral 0.02, Qwen3-MoE 0.001, or its config.json's).", lower_bound=0.0, flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_integer("lora_rank", 0, "LoRA rank (0: full fine-tuning).", lower_bound=0, flag_values=fv)
-    flags.DEFINE_float("lora_alpha", 16.0, "LoRA alpha: the update is scaled by alpha / rank.", flag_values=fv)
-    flags.DEFINE_string(
-        "lora_target_modules", "", "Comma-separated linear layer names to adapt (empty: the attention projections).",
-        flag_values=fv,
-    )  # fmt: skip
-    flags.DEFINE_float("lora_dropout", 0.0, "Dropout on the LoRA path's input.", flag_values=fv)
+    define = {str: flags.DEFINE_string, int: flags.DEFINE_integer, float: flags.DEFINE_float}
+    for name, (kind, default, help_text, lower) in FLAG_SPECS.items():
+        bound = {} if lower is None else {"lower_bound": lower}
+        define[kind](name, default, help_text, flag_values=fv, **bound)
 
 
 def build_model_from_flags(fv, vocab_size, device):

@@ -1,0 +1,461 @@
+"""Strategies: how a run's model is placed on its devices, stepped, evaluated and checkpointed. The Trainer's loop
+is the same for every one; a new kind of parallelism is a new Strategy.
+
+- Local: one process; one device, or data-parallel replicas over several devices of this process (--devices,
+  --nthread_per_process), their gradients averaged by the provider's collectives. Kept beside the launcher (unlike
+  PyTorch's retired DataParallel) because it is InfiniTrain's --nthread_per_process and needs no processes.
+- DataParallel: one device per process under python -m infinitrain.run, DDP averaging the gradients as backward
+  runs; ZeRO-1/2 shard the optimizer state (and the gradients).
+- ModelParallel: the data x pipeline x tensor grid (infinitrain.parallel): this rank's model part, the schedule
+  over micro-batches, sharded checkpoints.
+
+Each strategy takes the run's global batches (B x rows of them: `rows`) and reads the rows that are its own.
+"""
+
+import numpy as np
+
+import infinitrain as it
+from infinitrain.data.device import DeviceLoader
+from infinitrain.models import registry as models_registry
+from infinitrain.runs import UsageError
+from infinitrain.training import checkpoints
+
+
+class Nothing:
+    """A do-nothing context (profile marks and precision phases when they are off)."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _marks(prof, rec):
+    mark = prof.mark if prof is not None else (lambda name: Nothing())
+    phase = rec.phase if rec is not None else (lambda name: Nothing())
+    return mark, phase
+
+
+def on_device(batch, device):
+    """A batch array (from a DataLoader) as a tensor on `device`; a DeviceLoader's tensor is there already."""
+    return batch if isinstance(batch, it.Tensor) else it.from_numpy(batch, device=device)
+
+
+class RankRows:
+    """This rank's rows (B of them, from `first`) of a loader's global batches; its state is the loader's."""
+
+    def __init__(self, loader, first, rows):
+        self.loader, self.first, self.rows = loader, first, rows
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x, y = next(self.loader)
+        r = slice(self.first, self.first + self.rows)
+        return x[r], y[r]
+
+    def state_dict(self):
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state):
+        self.loader.load_state_dict(state)
+
+
+def _batches_per_epoch(loader):
+    inner = loader
+    while not hasattr(inner, "batches_per_epoch"):  # a DeviceLoader or RankRows around the DataLoader
+        inner = inner.loader
+    return inner.batches_per_epoch
+
+
+def optimizer_choice(cfg):
+    """(optimizer class, its keyword arguments) that --optimizer and its flags choose."""
+    name, lr, wd = cfg.optimizer, cfg.learning_rate, cfg.weight_decay
+    if name == "sgd":
+        return it.optim.SGD, {"lr": lr, "weight_decay": wd}
+    betas = (0.9, 0.95) if name == "adamw" else (0.9, 0.999)
+    return it.optim.AdamW, {"lr": lr, "betas": betas, "eps": 1e-8, "weight_decay": wd}
+
+
+class Strategy:
+    """The interface. After build(), `model` is the model the Trainer reports on and samples from, `optimizer`
+    the optimizer whose state checkpoints hold, `lead` whether this process prints and writes."""
+
+    rows = 1  # B-row shares of each global micro-batch (the loader reads B * rows rows)
+    lead = True
+    samples = True  # whether samples can be drawn from `model`
+
+    def __init__(self, cfg, devices):
+        self.cfg, self.devices, self.device = cfg, devices, devices[0]
+
+    def describe(self):
+        """How the run is placed, for the header line."""
+        raise NotImplementedError
+
+    def split_loaders(self, loader, val_loader):
+        """The loaders this process reads (its rows, on its device)."""
+        raise NotImplementedError
+
+    def build(self, spec, adapt):
+        """Builds the model (replicas, parts), wraps it and makes the optimizer(s)."""
+        raise NotImplementedError
+
+    def step(self, step, lr, loader, accum, prof=None, rec=None):
+        """One optimizer step over `accum` micro-batches; returns (mean loss, gradient norm before clipping)."""
+        raise NotImplementedError
+
+    def evaluate(self, loader, batches):
+        raise NotImplementedError
+
+    def save(self, ckpt_dir, step, loader, args):
+        """Writes a checkpoint (ckpt_dir None on ranks that only help gather state); returns its path or None."""
+        raise NotImplementedError
+
+    def load(self, tensors, meta, loader, *, allow_other_data, load_optimizer, path):
+        """Restores a checkpoint's state; returns its step."""
+        raise NotImplementedError
+
+    def resume_from(self, candidates, ckpt_dir, loader, **kw):
+        """Continues from the newest intact of `candidates`; (step, path)."""
+        return checkpoints.resume(candidates, ckpt_dir, self.models, self.optimizers, loader, **kw)
+
+    def stop_requested(self, stop):
+        return bool(stop.signum)
+
+
+# ---- one process -------------------------------------------------------------------------------------------------
+
+
+class Local(Strategy):
+    """One process: one device, or replicas on several devices of this process (each B rows of every batch)."""
+
+    def __init__(self, cfg, devices):
+        super().__init__(cfg, devices)
+        self.rows = len(devices)
+        self.comms = None
+
+    def describe(self):
+        n = len(self.devices)
+        return f"devices {','.join(self.devices)}" if n > 1 else f"device {self.device}"
+
+    def split_loaders(self, loader, val_loader):
+        return _device_loader(loader, self.devices), _device_loader(val_loader, self.devices)
+
+    def build(self, spec, adapt):
+        model = spec.build(self.device)
+        self.params = [adapt(model)]
+        self.models = [model]
+        rng_state = it.random.default_generator.get_state()
+        for d in self.devices[1:]:
+            replica = spec.build(d)
+            self.params.append(adapt(replica))
+            replica.load_state_dict(model.state_dict())
+            self.models.append(replica)
+        it.random.default_generator.set_state(rng_state)  # as after building and adapting one model
+        self.model = model
+        cls, kwargs = optimizer_choice(self.cfg)
+        self.optimizers = [cls(p, **kwargs) for p in self.params]
+        self.optimizer = self.optimizers[0]
+        if len(self.devices) > 1:
+            self.comms = it.distributed.init_all(self.devices)
+
+    def _average_gradients(self):
+        """All-reduces (averages) every parameter's gradient across the replicas, in place."""
+        for p in self.params:  # an expert no token reached has no gradient; the all-reduce needs one
+            models_registry.fill_missing_grads(p)
+        with it.distributed.group(self.comms[0].device):
+            for m, comm in zip(self.models, self.comms, strict=True):
+                for p in m.parameters():
+                    if p.grad is not None:
+                        it.distributed.comm.all_reduce(comm, p.grad, "avg")
+
+    def step(self, step, lr, loader, accum, prof=None, rec=None, ddp=None):
+        cfg, n, B = self.cfg, len(self.devices), self.cfg.batch_size
+        for opt in self.optimizers:
+            opt.lr = lr
+            opt.zero_grad()
+        it.runtime.reset_peak_memory_stats(self.device)
+        if cfg.overfit_single_batch:
+            loader.load_state_dict({"epoch": 0, "position": 0})
+        mark, phase = _marks(prof, rec)
+        recording = rec.step(step + 1) if rec is not None else Nothing()
+        loss_sums = [None] * n
+        with recording:
+            for k in range(accum):
+                x, y = next(loader)
+                for r, (d, m) in enumerate(zip(self.devices, self.models, strict=True)):
+                    sync = ddp.no_sync() if ddp is not None and k < accum - 1 else Nothing()
+                    if n == 1:
+                        xr, yr = on_device(x, d), on_device(y, d)
+                    else:
+                        xr = it.from_numpy(x[r * B : (r + 1) * B], device=d)
+                        yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
+                    with sync:
+                        with mark("forward"), phase("forward"):
+                            with it.amp.autocast(d, dtype="bfloat16", enabled=cfg.autocast):
+                                _, loss = m(xr, yr)
+                            loss = loss * (1.0 / accum)
+                        with mark("backward"), phase("backward"):
+                            loss.backward()  # under the launcher, DDP averages the gradients across the processes
+                    loss_sums[r] = loss.detach() if loss_sums[r] is None else loss_sums[r] + loss.detach()
+            with mark("optimizer"), phase("optimizer"):
+                if n > 1:
+                    self._average_gradients()
+                if rec is not None:
+                    rec.record_tensors("grad", self.models[0].named_parameters(), grads=True)
+                clip = cfg.grad_clip or None
+                if isinstance(self.optimizers[0], it.distributed.ZeroRedundancyOptimizer):
+                    norms = [self.optimizers[0].clip_grad_norm_(clip)]
+                else:
+                    norms = [it.optim.clip_grad_norm_(p, clip) for p in self.params]
+                for opt in self.optimizers:
+                    opt.step()
+                if rec is not None:
+                    rec.record_tensors("param", self.models[0].named_parameters())
+            if ddp is not None:
+                it.distributed.all_reduce(loss_sums[0], "avg")  # the loss of the global batch
+            train_loss = sum(ls.item() for ls in loss_sums) / n  # the step's host synchronisation
+        return train_loss, (norms[0].item() if norms[0] is not None else 0.0)
+
+    @it.no_grad()
+    def evaluate(self, loader, batches):
+        """Mean loss over the first `batches` batches of `loader` (rewound first), on the first device."""
+        loader.load_state_dict({"epoch": 0, "position": 0})
+        losses = []
+        for _ in range(min(batches, _batches_per_epoch(loader))):
+            x, y = (on_device(a, self.device) for a in next(loader))
+            with it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast):
+                _, loss = self.model(x, y)
+            losses.append(loss.item())
+        return float(np.mean(losses))
+
+    def save(self, ckpt_dir, step, loader, args):
+        if isinstance(self.optimizer, it.distributed.ZeroRedundancyOptimizer):
+            self.optimizer.consolidate_state_dict(to=0)
+        if ckpt_dir is None:
+            return None
+        tensors, meta = checkpoints.checkpoint_state(step, self.model, self.optimizer, loader, **args)
+        return ckpt_dir.save(step, tensors, meta)
+
+    def load(self, tensors, meta, loader, *, allow_other_data, load_optimizer, path):
+        return checkpoints.apply_checkpoint(
+            tensors, meta, self.models, self.optimizers, loader, allow_other_data=allow_other_data,
+            load_optimizer=load_optimizer, path=path,
+        )  # fmt: skip
+
+
+def _device_loader(loader, devices):
+    """A single accelerator takes its batches through a DeviceLoader (pinned buffers, copied a batch ahead on a
+    side stream); the cpu, and several devices that each slice rows of the host batch, read the arrays."""
+    if loader is None or len(devices) != 1 or devices[0] == "cpu":
+        return loader
+    return DeviceLoader(loader, devices[0])
+
+
+# ---- processes under the launcher --------------------------------------------------------------------------------
+
+
+class DataParallel(Local):
+    """One device per process under the launcher: DDP (or ZeRO-1/2) over the processes; each process reads its B
+    rows of every global batch, rank 0 evaluates, samples and writes."""
+
+    def __init__(self, cfg, devices, mp):
+        super().__init__(cfg, devices)
+        self.mp, self.rows, self.lead = mp, mp.world, mp.rank == 0
+        self.samples = self.lead
+
+    def describe(self):
+        zero = f", ZeRO-{self.cfg.zero_stage}" if self.cfg.zero_stage else ""
+        return f"device {self.device} (rank 0 of {self.mp.world} processes{zero})"
+
+    def split_loaders(self, loader, val_loader):
+        B = self.cfg.batch_size
+        loader = RankRows(loader, self.mp.rank * B, B)
+        if not self.lead:
+            val_loader = None  # rank 0 evaluates (the whole global batch)
+        return _device_loader(loader, self.devices), _device_loader(val_loader, self.devices)
+
+    def build(self, spec, adapt):
+        model = spec.build(self.device)
+        self.params = [adapt(model)]
+        self.models, self.model = [model], model
+        # Experts that this rank's tokens never reached have no gradient: counted as zero.
+        self.ddp = it.distributed.DistributedDataParallel(model, find_unused_parameters=True)
+        cls, kwargs = optimizer_choice(self.cfg)
+        stage = self.cfg.zero_stage
+        if stage:
+            zero = it.distributed.ZeroRedundancyOptimizer
+            self.optimizers = [zero(self.params[0], cls, stage=stage, ddp=self.ddp if stage == 2 else None, **kwargs)]
+        else:
+            self.optimizers = [cls(self.params[0], **kwargs)]
+        self.optimizer = self.optimizers[0]
+
+    def step(self, step, lr, loader, accum, prof=None, rec=None):
+        return super().step(step, lr, loader, accum, prof, rec, ddp=self.ddp)
+
+    def resume_from(self, candidates, ckpt_dir, loader, **kw):
+        """Rank 0 chooses the checkpoint (falling back past damaged ones); the others load the same file."""
+        store = it.distributed.default_store()
+        if self.mp.rank != 0:
+            path = store.get("train/resume").decode()
+            if not path:
+                return 0, None
+            tensors, meta = checkpoints.read_checkpoint(path)
+            load_optimizer = kw["load_optimizer"]
+            start = self.load(tensors, meta, loader, allow_other_data=kw["allow_other_data"],
+                              load_optimizer=load_optimizer, path=path)  # fmt: skip
+            return start, path
+        start, path = super().resume_from(candidates, ckpt_dir, loader, **kw)
+        store.set("train/resume", (path or "").encode())
+        return start, path
+
+    def stop_requested(self, stop):
+        """Whether any rank got a signal (the ranks must agree on the step they stop at, or those going on would
+        wait for the others forever)."""
+        flag = it.from_numpy(np.array([stop.signum or 0], dtype=np.int64))
+        it.distributed.all_reduce(flag, "max")
+        stop.signum = int(flag.numpy()[0]) or None
+        return bool(stop.signum)
+
+
+# ---- the data x pipeline x tensor grid ---------------------------------------------------------------------------
+
+
+class ParallelContext:
+    """This rank's part of a tensor/pipeline-parallel run: grid, model part, engine."""
+
+    def __init__(self, grid, model, engine, full_names):
+        self.grid, self.model, self.engine, self.full_names = grid, model, engine, full_names
+        self.save_dir = ""
+
+    @property
+    def index(self):
+        return self.grid.stage * self.model.layout.tp + self.grid.tp_rank
+
+
+class ModelParallel(Strategy):
+    """This rank's part of a tensor/pipeline-parallel model (infinitrain.parallel): the pipeline schedule over the
+    micro-batches, gradients made whole and clipped across the grid, sharded checkpoints. No samples."""
+
+    samples = False
+
+    def __init__(self, cfg, devices, mp, layout, accum):
+        super().__init__(cfg, devices)
+        self.mp, self.layout, self.accum = mp, layout, accum
+        self.rows, self.lead = layout.dp, mp.rank == 0
+
+    def describe(self):
+        zero = f", ZeRO-{self.cfg.zero_stage}" if self.cfg.zero_stage else ""
+        return f"device {self.device} (rank 0 of {self.mp.world} processes as {self.layout.describe()}{zero})"
+
+    def split_loaders(self, loader, val_loader):
+        # Each replica reads its rows; every rank evaluates them (the pipeline needs all its stages).
+        B = self.cfg.batch_size
+        first = self.pctx.grid.dp_rank * B
+        loader = RankRows(loader, first, B)
+        if val_loader is not None:
+            val_loader = RankRows(val_loader, first, B)
+        return _device_loader(loader, self.devices), _device_loader(val_loader, self.devices)
+
+    def build(self, spec, adapt):
+        from infinitrain import parallel
+
+        full = spec.build(self.device)
+        adapt(full)
+        self.full = full
+        check_parallel_model(self.layout, full.config, self.cfg.sequence_length, self.accum)
+        split = None
+        if self.cfg.pipeline_split:
+            try:
+                split = [int(v) for v in self.cfg.pipeline_split.split(",")]
+            except ValueError:
+                raise UsageError(
+                    f"--pipeline_split={self.cfg.pipeline_split}: expected comma-separated layer counts"
+                ) from None
+        full_names = [n for n, _ in full.named_parameters()]
+        grid = parallel.Grid(self.layout, self.device)
+        try:
+            model = parallel.ParallelModel(
+                full, self.layout, grid, split=split, sequence_length=self.cfg.sequence_length
+            )
+        except parallel.LayoutError as e:
+            raise UsageError(f"--pipeline_split: {e}") from None
+        self.pctx = ParallelContext(grid, model, parallel.Engine(model, grid), full_names)
+        self.pctx.save_dir = self.cfg.save
+        self.model, self.models = model, [model]
+        self.params = [list(model.parameters())]
+        cls, kwargs = optimizer_choice(self.cfg)
+        if self.cfg.zero_stage and self.layout.dp > 1:  # ZeRO-1 across the data-parallel group of this model part
+            zero = it.distributed.ZeroRedundancyOptimizer
+            self.optimizers = [zero(self.params[0], cls, process_group=grid.dp, stage=1, **kwargs)]
+        else:
+            self.optimizers = [cls(self.params[0], **kwargs)]
+        self.optimizer = self.optimizers[0]
+
+    def _micro_batches(self, loader, n):
+        return [tuple(on_device(a, self.device) for a in next(loader)) for _ in range(n)]
+
+    def step(self, step, lr, loader, accum, prof=None, rec=None):
+        """The pipeline over `accum` micro-batches, the gradients made whole and clipped, the step; the same loss
+        and norm on every rank."""
+        self.optimizer.lr = lr
+        self.optimizer.zero_grad()
+        it.runtime.reset_peak_memory_stats(self.device)
+        if self.cfg.overfit_single_batch:
+            loader.load_state_dict({"epoch": 0, "position": 0})
+        mark, _ = _marks(prof, None)
+        mbs = self._micro_batches(loader, accum)
+        with mark("forward-backward"), it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast):
+            loss = self.pctx.engine.forward_backward(mbs)
+        with mark("optimizer"):
+            norm = self.pctx.engine.finish_gradients(self.cfg.grad_clip or None)
+            self.optimizer.step()
+        return loss.item(), norm.item()
+
+    @it.no_grad()
+    def evaluate(self, loader, batches):
+        """Mean loss over the first `batches` batches (this replica's rows) through the pipeline, averaged over the
+        replicas (every rank takes part)."""
+        loader.load_state_dict({"epoch": 0, "position": 0})
+        n = min(batches, _batches_per_epoch(loader))
+        with it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast):
+            loss = self.pctx.engine.forward_backward(self._micro_batches(loader, n), forward_only=True)
+        return loss.item()
+
+    def save(self, ckpt_dir, step, loader, args):
+        return checkpoints.save_parallel_checkpoint(ckpt_dir, step, self.pctx, self.optimizer, loader, **args)
+
+    def load(self, tensors, meta, loader, *, allow_other_data, load_optimizer, path):
+        return checkpoints.apply_checkpoint(
+            tensors, meta, self.models, self.optimizers, loader, allow_other_data=allow_other_data,
+            load_optimizer=load_optimizer, path=path, pctx=self.pctx,
+        )  # fmt: skip
+
+    def resume_from(self, candidates, ckpt_dir, loader, **kw):
+        store = it.distributed.default_store()
+        if self.mp.rank != 0:
+            path = store.get("train/resume").decode()
+            if not path:
+                return 0, None
+            tensors, meta = checkpoints.read_checkpoint(path)
+            start = self.load(tensors, meta, loader, allow_other_data=kw["allow_other_data"],
+                              load_optimizer=kw["load_optimizer"], path=path)  # fmt: skip
+            return start, path
+        start, path = checkpoints.resume(
+            candidates, ckpt_dir, self.models, self.optimizers, loader, pctx=self.pctx, **kw
+        )
+        store.set("train/resume", (path or "").encode())
+        return start, path
+
+    stop_requested = DataParallel.stop_requested
+
+
+def check_parallel_model(layout, config, sequence_length, accum):
+    from infinitrain import parallel
+
+    try:
+        parallel.check_model(layout, config, sequence_length, accum)
+    except parallel.LayoutError as e:
+        raise UsageError(f"{e} ({layout.describe()})") from None
