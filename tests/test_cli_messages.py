@@ -1,4 +1,4 @@
-"""Messages a new user meets on the way through the README: --help succeeds and names the command, the
+"""Messages a new user meets on the way through the README and docs: --help succeeds and names the command, the
 corpus download says what it does and, without network, suggests --input_bin, an unknown provider names the
 --config to build, and importing the package from a checkout without a build says what to run."""
 

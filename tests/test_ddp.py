@@ -290,7 +290,7 @@ import os
 import numpy as np
 import infinitrain as it
 import infinitrain.distributed as dist
-from infinitrain.tools import recompute
+from infinitrain.nn import recompute
 
 dist.init_process_group()
 R, W = dist.get_rank(), dist.get_world_size()

@@ -1,4 +1,4 @@
-"""The example flag files the README names (examples/gpt2/train.flags and examples/llama3/train.flags,
+"""The example flag files docs/training.md names (examples/gpt2/train.flags and examples/llama3/train.flags,
 InfiniTrain's example/*/train.flags as they are) exist, parse, and start a run with --flagfile, the flags after it
 overriding the file's."""
 
@@ -27,8 +27,8 @@ def file_flags(path):
     return out
 
 
-def test_readme_names_the_shipped_flag_files():
-    text = open(repo_file("README.md")).read()
+def test_docs_name_the_shipped_flag_files():
+    text = open(repo_file("docs/training.md")).read()
     named = sorted(set(re.findall(r"--flagfile=(\S+\.flags)", text)))
     assert named == sorted(FILES.values()), named
     for rel in named:

@@ -86,7 +86,7 @@ def make_seeds(directory):
 
     folder = os.path.join(directory, "hf")
     hf_cfg = LLaMA3Config(8, 60, 1, 2, 1, 16, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=1e-5, rope_theta=1e4)
-    hf.save_pretrained(LLaMA3(hf_cfg), folder, dtype="bfloat16")
+    LLaMA3(hf_cfg).save_pretrained(folder, dtype="bfloat16")
     paths["hf_safetensors"] = os.path.join(folder, hf.WEIGHTS_FILE)
     paths["hf_config"] = os.path.join(folder, hf.CONFIG_FILE)
     texts = ["the quick brown fox jumps over the lazy dog", "to be, or not to be: that is the question"] * 20
@@ -136,15 +136,15 @@ def load(fmt, path):
         runs.read_checkpoint(path)
         return len(tensors)
     if fmt in ("hf_safetensors", "hf_config"):
-        from infinitrain.models import hf
+        from infinitrain.models import hf, registry
 
         folder = os.path.dirname(path)
         if fmt == "hf_safetensors":
             for v in hf.read_tensors(folder).values():
                 np.asarray(v).sum()
         else:
-            hf.config_from_hf(hf.read_config(folder))
-        return hf.from_pretrained(folder).num_parameters()
+            registry.config_from_hf(hf.read_config(folder))
+        return registry.from_pretrained(folder).num_parameters()
     if fmt == "hf_tokenizer":
         from infinitrain.data.hf_tokenizer import HFTokenizer
 

@@ -14,7 +14,7 @@ from safetensors import serialize_file
 
 import infinitrain as it
 from harness import DEVICE, assert_close, rng, round_to
-from infinitrain.models import GPT2, LLaMA3, Mixtral, Qwen3, hf
+from infinitrain.models import GPT2, LLaMA3, Mixtral, Qwen3, from_pretrained, hf
 
 B, T = 2, 7
 
@@ -471,7 +471,7 @@ def test_bad_files_and_configs_raise_clear_errors(tmp_path):
         Mixtral.from_pretrained(tmp_path / "m")
     with pytest.raises(ValueError, match="'model_type' = 'bert'"):
         write_hf(tmp_path / "b", dict(good, model_type="bert"), t)
-        hf.from_pretrained(tmp_path / "b")
+        from_pretrained(tmp_path / "b")
     bad = tmp_path / "garbage"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps(good))

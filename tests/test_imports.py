@@ -183,3 +183,54 @@ def test_the_check_allows_imports_downwards():
         "infinitrain.optim": "from infinitrain.optim.optimizers import SGD\n",
     }
     assert violations(_graph_of(sources)) == []
+
+
+def cycles(graph, prefixes):
+    """Import circles among the modules under `prefixes`, lazy imports included (Tarjan's components)."""
+    edges = {m: sorted({n for n, _, _ in v if n in graph and n.startswith(prefixes)}) for m, v in graph.items()}
+    edges = {m: v for m, v in edges.items() if m.startswith(prefixes)}
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+# The model files, the registry, model parallelism and the training layer import one way: families <- registry <-
+# training, with no import inside a function to hold a circle apart.
+NO_CIRCLES = ("infinitrain.models", "infinitrain.parallel", "infinitrain.training", "infinitrain.runs")
+
+
+def test_no_import_circle_among_models_and_the_training_layer():
+    found = cycles(import_graph(module_files()), NO_CIRCLES)
+    assert not found, found
+
+
+def test_the_circle_check_finds_one_held_apart_by_a_lazy_import():
+    sources = {
+        "infinitrain.models.hf": "def f():\n    from infinitrain.models import gpt2\n",
+        "infinitrain.models.gpt2": "from infinitrain.models import hf\n",
+    }
+    assert cycles(_graph_of(sources), NO_CIRCLES) == [["infinitrain.models.gpt2", "infinitrain.models.hf"]]

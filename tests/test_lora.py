@@ -120,7 +120,7 @@ def test_adapters_save_and_reload_alone(tmp_path):
     assert cfg["r"] == 3 and cfg["lora_alpha"] == 3.0 and cfg["target_modules"] == ["o_proj", "gate_proj"]
     from infinitrain.models import hf
 
-    names = set(hf._read_file(str(tmp_path / "adapter_model.safetensors")))
+    names = set(hf.read_file(str(tmp_path / "adapter_model.safetensors")))
     assert names == set(lora.adapter_state_dict(model)) and all(".lora_" in n for n in names)
     fresh = qwen3(seed=5)  # the same base weights
     lora.load_adapters(fresh, tmp_path)
@@ -162,7 +162,7 @@ def test_target_module_errors_and_patterns():
         lora.apply_lora(qwen3(), "q_proj", rank=0)
 
 
-@pytest.mark.parametrize("name", registry.MODEL_NAMES)
+@pytest.mark.parametrize("name", ["gpt2", "llama3", "mixtral", "qwen3"])
 def test_registry_lora_defaults_cover_each_model(name):
     model = registry.build_model(name, V, T, n_layer=1, n_head=2, n_embd=16, n_kv_head=1, num_experts=2, device=DEVICE)
     cls = {"gpt2": GPT2, "llama3": LLaMA3, "mixtral": Mixtral, "qwen3": Qwen3}[name]
@@ -203,25 +203,21 @@ def test_registry_builds_from_config_json_and_init_from(tmp_path):
     assert isinstance(ll.config, LLaMA3Config) and ll.config.hidden_dim == 40
 
 
-def test_cli_flags_drive_the_helpers_and_checkpoints_resume(tmp_path):
-    """What the train CLI does with the helpers: flags -> model -> LoRA -> steps -> checkpoint -> resume."""
-    from absl import flags
-
+def test_config_drives_the_helpers_and_checkpoints_resume(tmp_path):
+    """What the trainer does with the helpers: settings -> model -> LoRA -> steps -> checkpoint -> resume."""
     from infinitrain import checkpoint
+    from infinitrain.training import RunConfig
+    from infinitrain.training.strategy import fill_missing_grads
+    from infinitrain.training.trainer import RUN_FLAGS
 
-    fv = flags.FlagValues()
-    flags.DEFINE_enum("model", "gpt2", list(registry.MODEL_NAMES), "", flag_values=fv)
-    for name, default in [("sequence_length", T), ("n_layer", 1), ("n_head", 2), ("n_kv_head", 1), ("n_embd", 16)]:
-        flags.DEFINE_integer(name, default, "", flag_values=fv)
-    before = set(fv)
-    registry.define_flags(fv)
-    assert set(fv) - before == set(registry.RUN_FLAGS)  # every new flag is checked on resume
-    fv(["train", "--model=mixtral", "--num_experts=4", "--lora_rank=2", "--lora_target_modules=q_proj,experts.*"])
+    assert set(registry.FLAG_SPECS) <= set(RUN_FLAGS)  # every model setting is checked on resume
+    cfg = RunConfig(model="mixtral", num_experts=4, lora_rank=2, lora_target_modules="q_proj,experts.*")
+    sizes = {"n_layer": 1, "n_head": 2, "n_kv_head": 1, "n_embd": 16, "num_experts": cfg.num_experts}
 
     def setup():
         it.manual_seed(1)
-        model = registry.build_model_from_flags(fv, V, DEVICE)
-        params = registry.setup_lora_from_flags(fv, model)
+        model = registry.build_model(cfg.model, V, T, **sizes, device=DEVICE)
+        params = registry.setup_lora(model, cfg.model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_target_modules)
         return model, params, it.optim.AdamW(params, lr=1e-2)
 
     model, params, opt = setup()
@@ -231,7 +227,7 @@ def test_cli_flags_drive_the_helpers_and_checkpoints_resume(tmp_path):
     for _ in range(2):
         opt.zero_grad()
         model(x, y)[1].backward()
-        registry.fill_missing_grads(params)
+        fill_missing_grads(params)
         assert all(p.grad is not None for p in params)
         opt.step()
     tensors = {f"model.{k}": v.numpy() for k, v in model.state_dict().items()}
@@ -248,7 +244,7 @@ def test_cli_flags_drive_the_helpers_and_checkpoints_resume(tmp_path):
 def test_activation_recompute_replays_the_lora_dropout(autocast):
     """Recompute in backward draws the same dropout masks as the forward: loss, gradients and the generator's
     state afterwards equal a run without recompute (same seed), bit for bit."""
-    from infinitrain.tools import recompute
+    from infinitrain.nn import recompute
 
     g = rng()
     x, y = batch(g)

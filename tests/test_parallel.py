@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from harness import DEVICE
+from infinitrain.models import registry
+from infinitrain.models.qwen3 import Qwen3Config
 
 TYPE = DEVICE.split(":")[0]
 STEPS, T, GLOBAL_B, MICRO = 10, 16, 4, 4
@@ -27,7 +29,7 @@ import numpy as np
 import infinitrain as it
 import infinitrain.distributed as dist
 from infinitrain import parallel
-from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config, Mixtral, MixtralConfig
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config, Mixtral, MixtralConfig, registry
 
 KIND, OUT = os.environ["TEST_DEVICE"], os.environ["TEST_OUT"]
 STEPS, T, GLOBAL_B, MICRO = (int(v) for v in os.environ["TEST_SIZES"].split(","))
@@ -96,9 +98,10 @@ def parallel_run(model, run):
     layout = parallel.make_layout(WORLD, run.get("tp", 1), run.get("pp", 1), run.get("vpp", 1), run.get("sp", False),
                                   run.get("schedule", "1f1b"))
     full = build(model)
-    parallel.check_model(layout, full.config, T, MICRO)  # before any communication
+    plan = registry.family_of_model(full).tensor_parallel
+    parallel.check_model(layout, plan, full.config, T, MICRO)  # before any communication
     grid = parallel.Grid(layout, DEV)
-    pm = parallel.ParallelModel(full, layout, grid, sequence_length=T)
+    pm = parallel.ParallelModel(full, layout, plan, grid, sequence_length=T)
     del full
     engine = parallel.Engine(pm, grid)
     params = list(pm.parameters())
@@ -144,7 +147,7 @@ def save_and_reload(model, run, layout, grid, pm, opt):
                        "layout": shards.layout_meta(layout)})  # fmt: skip
     dist.barrier()
     back, _ = it.checkpoint.load(shards.shard_path(main, meta["index"]))
-    other = parallel.ParallelModel(build(model, SEED + 1), layout, grid, sequence_length=T)
+    other = parallel.ParallelModel(build(model, SEED + 1), layout, pm.plan, grid, sequence_length=T)
     other.load_shard_state_dict({k[len("model."):]: v for k, v in back.items() if k.startswith("model.")})
     for name, p in pm.shard_parameters():
         assert np.array_equal(other.shard_state_dict()[name].numpy(), p.numpy()), name
@@ -370,6 +373,7 @@ def _mixtral(**kw):
         (dict(world=2, tp=2), _mixtral(num_experts=3), 16, 4, "num_experts=3 is not divisible by tensor_parallel=2"),
         (dict(world=4, tp=4), _mixtral(num_experts=6), 16, 4, "each rank holds whole experts"),
         (dict(world=2, tp=2), _mixtral(tie_word_embeddings=True), 16, 4, "need an untied output head"),
+        (dict(world=2, tp=2), Qwen3Config(64, 64, 2, 2, 2, 32, 16, 64), 16, 4, "not implemented for Qwen3"),
     ],
 )
 def test_bad_layouts_are_refused(make, cfg, seq, micro, message):
@@ -377,7 +381,7 @@ def test_bad_layouts_are_refused(make, cfg, seq, micro, message):
 
     with pytest.raises(parallel.LayoutError, match=message):
         layout = parallel.make_layout(**make)
-        parallel.check_model(layout, cfg, seq, micro)
+        parallel.check_model(layout, registry.family_of_config(cfg).tensor_parallel, cfg, seq, micro)
 
 
 def test_good_layouts_pass_the_checks():
@@ -389,7 +393,7 @@ def test_good_layouts_pass_the_checks():
         (dict(world=8, tp=4, pp=2, sp=True), _mixtral(num_experts=8)),
     ):
         layout = parallel.make_layout(**make)
-        assert parallel.check_model(layout, cfg, 16, 4) in ("gpt2", "llama3", "mixtral")
+        parallel.check_model(layout, registry.family_of_config(cfg).tensor_parallel, cfg, 16, 4)
         assert layout.world == 8
 
 

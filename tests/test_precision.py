@@ -16,9 +16,9 @@ from harness import DEVICE, rng
 from infinitrain import dispatch
 from infinitrain import functional as F
 from infinitrain.data import write_tokens
+from infinitrain.models import registry as R
+from infinitrain.runs import precision as P
 from infinitrain.tools import compare
-from infinitrain.tools import model_registry as R
-from infinitrain.tools import precision as P
 
 
 def test_statistics_match_numpy():

@@ -14,7 +14,7 @@ import infinitrain as it
 from harness import DEVICE, rng
 from infinitrain import dispatch
 from infinitrain.data import write_tokens
-from infinitrain.tools import model_registry as R
+from infinitrain.models import registry as R
 
 
 def test_profile_records_every_dispatched_op(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from harness import DEVICE, rng
 from infinitrain.data import ByteTokenizer, Tokenizer, read_tokens
 from infinitrain.data.tokenizer import TOKENIZER_MAGIC_GPT2
-from infinitrain.models import GPT2, hf
+from infinitrain.models import GPT2, from_pretrained
 from infinitrain.runs import read_checkpoint
 from infinitrain.tools import export, prepare, sample
 from infinitrain.tools.export import model_from_checkpoint
@@ -124,7 +124,7 @@ def test_export_to_llmc_and_sample_from_it(trained, tmp_path, capsys):
     # A Hugging Face folder (the models' save_pretrained) holds the same weights; sample reads it too.
     hf_dir = tmp_path / "hf"
     run_main(capsys, export.main, f"--checkpoint={trained / 'run'}", f"--output={hf_dir}", "--format=safetensors")
-    from_hf = hf.from_pretrained(str(hf_dir))
+    from_hf = from_pretrained(str(hf_dir))
     for name, p in from_hf.state_dict().items():  # GPT-2's padded embedding rows stay behind
         np.testing.assert_array_equal(p.numpy(), tensors[f"model.{name}"][: p.shape[0]], err_msg=name)
     assert run_main(capsys, sample.main, f"--init_from={hf_dir}", *args) == a

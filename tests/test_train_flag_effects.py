@@ -420,8 +420,8 @@ def test_router_aux_loss_coef_weighs_the_balancing_loss(tokens, tmp_path):
     """Mixtral's training loss is cross-entropy + coef * load-balancing loss: the printed step-1 loss for each
     --router_aux_loss_coef (default: Mixtral's 0.02) against the model's two terms on the first batch."""
     import infinitrain as it
+    from infinitrain.models import registry as R
     from infinitrain.runs import read_metrics
-    from infinitrain.tools import model_registry as R
 
     shape = {"n_layer": 1, "n_head": 2, "n_embd": 16, "num_experts": 4, "num_experts_per_tok": 2}
     shape["intermediate_size"] = 24

@@ -16,11 +16,11 @@ import pytest
 import infinitrain as it
 from harness import DEVICE, rng
 from infinitrain.data import DataLoader, read_tokens, write_tokens
+from infinitrain.models import registry as R
+from infinitrain.nn import recompute
+from infinitrain.optim.schedule import Schedule
 from infinitrain.runs import read_metrics
-from infinitrain.tools import model_registry as R
-from infinitrain.tools import recompute
-from infinitrain.tools.schedule import Schedule
-from infinitrain.tools.tensorboard import crc32c, read_scalars
+from infinitrain.runs.tensorboard import crc32c, read_scalars
 
 TINY_RUN = ["--sequence_length=16", "--batch_size=4", "--freq_generate_txt=0"]
 TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", *TINY_RUN]
@@ -322,7 +322,7 @@ def test_activation_recompute_keeps_loss_and_gradients_and_lowers_peak_memory(fa
         spec = R.resolve(family, shape={"n_layer": 4}, sequence_length=128, vocab_size=64)
         model = spec.build(DEVICE)
         if with_recompute:
-            recompute.enable(model, spec.family.blocks(model))
+            recompute.enable(model, spec.family.block_list(model))
         x, y = (it.from_numpy(t, device=DEVICE) for t in (tokens[:, :-1], tokens[:, 1:]))
         # Tensors of earlier tests in reference cycles would be freed whenever the collector runs, lowering the
         # allocation below the base: collect them first and keep the collector out of the measurement.

@@ -71,8 +71,8 @@ MUTANTS = [
     Mutant(
         "P2",
         GPT2,
-        "y = F.attention_bthd(q, k, v, is_causal=True)",
-        "y = F.attention_bthd(q, k, v, is_causal=False)",
+        "y = F.attention_bthd(q, k, v, is_causal=True)  #",
+        "y = F.attention_bthd(q, k, v, is_causal=False)  #",
         "GPT-2 attention not causal",
         MODELS,
     ),
@@ -87,8 +87,10 @@ MUTANTS = [
     Mutant(
         "P4",
         LLAMA,
-        "k = F.rope(k.reshape(B, T, nkv, hd), cos, sin)",
-        "k = k.reshape(B, T, nkv, hd)",
+        "q = F.rope(q.reshape(B, T, nh, hd), cos, sin)\n        k = F.rope(k.reshape(B, T, nkv, hd), cos, sin)\n"
+        "        y = F.attention_bthd(q, k, v.reshape(B, T, nkv, hd), is_causal=True)  #",
+        "q = F.rope(q.reshape(B, T, nh, hd), cos, sin)\n        k = k.reshape(B, T, nkv, hd)\n"
+        "        y = F.attention_bthd(q, k, v.reshape(B, T, nkv, hd), is_causal=True)  #",
         "LLaMA 3 without RoPE on the keys",
         MODELS,
     ),
@@ -103,8 +105,8 @@ MUTANTS = [
     Mutant(
         "P6",
         LLAMA,
-        "F.swiglu(self.c_fc2(x), self.c_fc(x))",
-        "F.swiglu(self.c_fc(x), self.c_fc2(x))",
+        "def forward(self, x):\n        return self.c_proj(F.swiglu(self.c_fc2(x), self.c_fc(x)))",
+        "def forward(self, x):\n        return self.c_proj(F.swiglu(self.c_fc(x), self.c_fc2(x)))",
         "LLaMA 3 SwiGLU gate and up swapped",
         MODELS,
     ),

@@ -4,18 +4,23 @@ embeddings (optionally a per-head RMSNorm on queries and keys), and a SwiGLU MLP
 mixture-of-experts block per layer; an optionally tied output head.
 
 Rotary embeddings rotate interleaved pairs (x[2i], x[2i+1]) (the `rope` op); Hugging Face checkpoints
-rotate halves, and models/hf.py permutes the q/k projection rows on load and save (docs/decisions.md).
+rotate halves, and the q/k projection rows are permuted on load and save (docs/decisions.md). The Hugging Face
+mapping and the tensor-parallel attention here serve both families (qwen3.py and mixtral.py hold their FAMILY).
 """
 
 import math
+import re
 
 from infinitrain import amp, nn
 from infinitrain import functional as F
+from infinitrain.models import hf
 from infinitrain.models import validate as V
 from infinitrain.models.blocks import run_split
 from infinitrain.models.llama3 import rope_tables
 from infinitrain.models.moe import Expert, SparseMoE, load_balancing_loss
 from infinitrain.models.sampling import generate
+from infinitrain.parallel import mappings as M
+from infinitrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, Spec, TPModule
 
 
 def _int(cfg, name, lo, hi):
@@ -119,6 +124,11 @@ class DecoderLM(nn.Module):
 
     qk_norm = False  # subclasses: Qwen3 normalises queries and keys per head
 
+    @staticmethod
+    def hf_rename(name):
+        """A parameter's Hugging Face name after "model." (subclasses rename, as Mixtral's experts)."""
+        return name
+
     def __init__(self, cfg, device="cpu"):
         super().__init__()
         self.config = cfg
@@ -169,16 +179,137 @@ class DecoderLM(nn.Module):
         cfg = self.config
         return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed, generator)
 
-    # ---- Hugging Face checkpoints (models/hf.py) ----
-    @classmethod
-    def from_pretrained(cls, path, device="cpu", **kwargs):
-        """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
-        from infinitrain.models import hf
+    # ---- Hugging Face checkpoints ----
+    family = None  # subclasses: their FAMILY
 
-        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+    @classmethod
+    def from_pretrained(cls, path, device="cpu"):
+        """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
+        return cls.family.from_pretrained(path, device)
 
     def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
         """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
-        from infinitrain.models import hf
+        self.family.save_pretrained(self, path, dtype, max_shard_size)
 
-        hf.save_pretrained(self, path, dtype, max_shard_size)
+
+# ---- sizes ----
+
+
+def _swiglu_width(n_embd, multiple=32):
+    """8/3 n_embd rounded up to a multiple of 32: the SwiGLU width of a fresh model sized by flags."""
+    return multiple * -(-(8 * n_embd // 3) // multiple)
+
+
+def config_from_sizes(config_cls, f, **extra):
+    """A fresh model's config from the size fields (n_kv_head, intermediate_size unset or 0: derived)."""
+    n_embd, n_head = f["n_embd"], f["n_head"]
+    if n_embd % n_head:
+        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+    return config_cls(
+        block_size=f["block_size"], vocab_size=f["vocab_size"], n_layer=f["n_layer"], n_head=n_head,
+        n_kv_head=f.get("n_kv_head") or n_head, n_embd=n_embd, head_dim=n_embd // n_head,
+        intermediate_size=f.get("intermediate_size") or _swiglu_width(n_embd), **extra,
+    )  # fmt: skip
+
+
+# ---- Hugging Face checkpoints ----
+
+ROPE_BUFFERS = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+def hf_config_fields(c):
+    """config.json fields both families write."""
+    return {
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.n_embd,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "num_key_value_heads": c.n_kv_head,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.block_size,
+        "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "use_cache": True,
+    }
+
+
+def _rotary_heads(model, name):
+    """How many rotary heads a parameter's rows hold (0: none)."""
+    c = model.config
+    if name.endswith("self_attn.q_proj.weight"):
+        return c.n_head
+    if name.endswith("self_attn.k_proj.weight"):
+        return c.n_kv_head
+    if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+        return 1
+    return 0
+
+
+def _hf_name(model, name):
+    """Our parameter name -> Hugging Face's (the family may rename, as Mixtral's experts)."""
+    return name if name.startswith("lm_head.") else "model." + model.hf_rename(name)
+
+
+def load_hf(model, t):
+    for name, p in model.named_parameters():
+        arr = t.take(_hf_name(model, name), p.shape)
+        heads = _rotary_heads(model, name)
+        hf.set_param(p, hf.rotary_from_hf(arr, heads) if heads else arr)
+    if model.config.tie_word_embeddings:
+        w = model.embed_tokens.weight
+        hf.same_tied(t, "lm_head.weight", w.shape, hf.host(w), "embed_tokens.weight")
+    t.finish(ROPE_BUFFERS)
+
+
+def save_hf_tensors(model):
+    out = {}
+    for name, p in model.named_parameters():
+        heads = _rotary_heads(model, name)
+        arr = hf.host(p)
+        out[_hf_name(model, name)] = hf.rotary_to_hf(arr, heads) if heads else arr
+    return out
+
+
+# ---- tensor parallelism ----
+
+
+class AttentionTP(TPModule):
+    """Grouped-query attention (separate q/k/v projections) with this rank's query heads; key/value heads split or
+    replicated as LLaMA 3's."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        nh, nkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.split_heads(cfg, region)
+        q = Spec(full.q_proj.weight.shape, 0, [(nh * hd, tp)])
+        kv = Spec(full.k_proj.weight.shape, 0, [(nkv * hd, tp if self.split_kv else 1)])
+        o = Spec(full.o_proj.weight.shape, 1, [(nh * hd, tp)])
+        self.q_proj = ColumnParallelLinear(q.take(full.q_proj.weight, tp, r), None, region, enter=False)
+        self.k_proj = ColumnParallelLinear(kv.take(full.k_proj.weight, tp, r), None, region, enter=False)
+        self.v_proj = ColumnParallelLinear(kv.take(full.v_proj.weight, tp, r), None, region, enter=False)
+        self.o_proj = RowParallelLinear(o.take(full.o_proj.weight, tp, r), None, region)
+        self._specs = {"q_proj.weight": q, "k_proj.weight": kv, "v_proj.weight": kv, "o_proj.weight": o}
+
+    def _kv(self, proj, x):
+        if self.split_kv:
+            return proj(x)
+        j, hd = self.kv_index, self.hd  # every rank holds all kv heads; the gradient of the copy is summed
+        return F.linear(x, M.copy_to(proj.weight, self.region.group)[j * hd : (j + 1) * hd])
+
+    def forward(self, x, cos, sin):
+        x = self.region.enter(x)
+        B, T, _ = x.shape
+        nh, nkv, hd = self.heads, self.kv_heads, self.hd
+        q = F.rope(self.q_proj(x).reshape(B, T, nh, hd), cos, sin)
+        k = F.rope(self._kv(self.k_proj, x).reshape(B, T, nkv, hd), cos, sin)
+        v = self._kv(self.v_proj, x).reshape(B, T, nkv, hd)
+        y = F.attention_bthd(q, k, v, is_causal=True)
+        return self.o_proj(y.reshape(B, T, nh * hd))

@@ -1,17 +1,23 @@
 """GPT-2 in llm.c's layout: learned positions, pre-LayerNorm blocks, tanh GELU,
 and the token embedding tied to the output head. Loads and saves llm.c model
-files (magic 20240326, version 3 float32 or 5 bfloat16)."""
+files (magic 20240326, version 3 float32 or 5 bfloat16) and Hugging Face
+checkpoints (Conv1D weights stored transposed, [in, out]); FAMILY says how the
+framework builds, converts and splits it."""
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from infinitrain import amp, checkpoint, nn
 from infinitrain import functional as F
+from infinitrain.models import hf
 from infinitrain.models import validate as V
 from infinitrain.models.blocks import run_split
+from infinitrain.models.family import Dims, Family, HFFormat, Preset, TensorParallelPlan
 from infinitrain.models.sampling import check_ids, generate
+from infinitrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, Spec, TPModule
 from infinitrain.tensor import from_numpy
 
 MAGIC = 20240326
@@ -142,19 +148,15 @@ class GPT2(nn.Module):
         cfg = self.config
         return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed, generator)
 
-    # ---- Hugging Face checkpoints (models/hf.py) ----
+    # ---- Hugging Face checkpoints ----
     @classmethod
-    def from_pretrained(cls, path, device="cpu", **kwargs):
+    def from_pretrained(cls, path, device="cpu", padded_vocab_size=None):
         """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
-        from infinitrain.models import hf
-
-        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+        return FAMILY.from_pretrained(path, device, padded_vocab_size=padded_vocab_size)
 
     def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
         """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
-        from infinitrain.models import hf
-
-        hf.save_pretrained(self, path, dtype, max_shard_size)
+        FAMILY.save_pretrained(self, path, dtype, max_shard_size)
 
     # ---- llm.c model files ----
     def _llmc_tensors(self):
@@ -214,3 +216,195 @@ class GPT2(nn.Module):
                 p.copy_(from_numpy(flat[offset : offset + n].reshape(p.shape), dtype=p.dtype))
                 offset += n
         return model
+
+
+# ---- Hugging Face checkpoints ----
+
+_HF_BUFFERS = re.compile(r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias")
+_HF_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def config_from_hf(cfg, padded_vocab_size=None):
+    hf.require(
+        cfg, "activation_function", ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"), "gelu_new", "GPT2 uses tanh GELU"
+    )
+    eps = cfg.get("layer_norm_epsilon", 1e-5)
+    if eps != 1e-5:
+        raise ValueError(f"config.json: field 'layer_norm_epsilon' = {eps!r} cannot be represented: GPT2 uses 1e-5")
+    C = hf.field(cfg, "n_embd")
+    if cfg.get("n_inner") not in (None, 4 * C):
+        raise ValueError(
+            f"config.json: field 'n_inner' = {cfg['n_inner']!r} cannot be represented: GPT2 uses 4 * n_embd"
+        )
+    hf.require(cfg, "scale_attn_weights", (True,), True, "GPT2 scales attention by 1/sqrt(head dim)")
+    hf.require(cfg, "scale_attn_by_inverse_layer_idx", (False,), False, "GPT2 does not scale by layer")
+    hf.require(cfg, "add_cross_attention", (False,), False, "GPT2 is decoder-only")
+    hf.require(cfg, "tie_word_embeddings", (True,), True, "GPT2 ties its output head to wte")
+    vocab = hf.field(cfg, "vocab_size")
+    return hf.build(
+        lambda: GPT2Config(
+            block_size=hf.field(cfg, "n_positions"),
+            vocab_size=vocab,
+            padded_vocab_size=padded_vocab_size or vocab,
+            n_layer=hf.field(cfg, "n_layer"),
+            n_head=hf.field(cfg, "n_head"),
+            n_embd=C,
+        ),
+        "the GPT-2 config",
+    )
+
+
+def load_hf(model, t):
+    c = model.config
+    C, vocab = c.n_embd, c.vocab_size
+    prefix = "transformer." if any(n.startswith("transformer.") for n in t.t) else ""
+    wte = t.take(prefix + "wte.weight", (vocab, C))
+    padded = np.zeros((c.padded_vocab_size, C), dtype=wte.dtype)
+    padded[:vocab] = wte
+    hf.set_param(model.wte.weight, padded)
+    hf.set_param(model.wpe.weight, t.take(prefix + "wpe.weight", (c.block_size, C)))
+    for i, b in enumerate(model.h):
+        p = f"{prefix}h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            mod = getattr(b, ln)
+            hf.set_param(mod.weight, t.take(p + ln + ".weight", (C,)))
+            hf.set_param(mod.bias, t.take(p + ln + ".bias", (C,)))
+        for name in _HF_LINEARS:  # Conv1D stores [in, out]: our Linear holds [out, in]
+            mod = b.get_submodule(name)
+            n_out, n_in = mod.weight.shape
+            hf.set_param(mod.weight, t.take(p + name + ".weight", (n_in, n_out)).T)
+            hf.set_param(mod.bias, t.take(p + name + ".bias", (n_out,)))
+    hf.set_param(model.ln_f.weight, t.take(prefix + "ln_f.weight", (C,)))
+    hf.set_param(model.ln_f.bias, t.take(prefix + "ln_f.bias", (C,)))
+    if "lm_head.weight" in t.t and not np.array_equal(t.take("lm_head.weight", (vocab, C)), wte):
+        raise ValueError(f"{t.where}: lm_head.weight differs from wte.weight; GPT2 ties them")
+    t.finish(_HF_BUFFERS)
+
+
+def save_hf(model):
+    c = model.config
+    cfg = {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_ctx": c.block_size,
+        "n_embd": c.n_embd,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+    }
+    out = {
+        "transformer.wte.weight": hf.host(model.wte.weight)[: c.vocab_size],
+        "transformer.wpe.weight": hf.host(model.wpe.weight),
+    }
+    for i, b in enumerate(model.h):
+        p = f"transformer.h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            mod = getattr(b, ln)
+            out[p + ln + ".weight"], out[p + ln + ".bias"] = hf.host(mod.weight), hf.host(mod.bias)
+        for name in _HF_LINEARS:
+            mod = b.get_submodule(name)
+            out[p + name + ".weight"] = np.ascontiguousarray(hf.host(mod.weight).T)
+            out[p + name + ".bias"] = hf.host(mod.bias)
+    out["transformer.ln_f.weight"], out["transformer.ln_f.bias"] = hf.host(model.ln_f.weight), hf.host(model.ln_f.bias)
+    return cfg, out
+
+
+# ---- tensor parallelism ----
+
+
+class AttentionTP(TPModule):
+    """The attention with this rank's heads: c_attn rows of its q, k and v heads, c_proj's matching columns."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        C = cfg.n_embd
+        self.heads, self.hs, self.region = cfg.n_head // tp, C // cfg.n_head, region
+        qkv = Spec(full.c_attn.weight.shape, 0, [(C, tp)] * 3)
+        qkv_b = Spec(full.c_attn.bias.shape, 0, [(C, tp)] * 3)
+        proj = Spec(full.c_proj.weight.shape, 1, [(C, tp)])
+        self.c_attn = ColumnParallelLinear(qkv.take(full.c_attn.weight, tp, r), qkv_b.take(full.c_attn.bias, tp, r),
+                                           region, enter=False)  # fmt: skip
+        self.c_proj = RowParallelLinear(proj.take(full.c_proj.weight, tp, r), full.c_proj.bias, region)
+        self._specs = {"c_attn.weight": qkv, "c_attn.bias": qkv_b, "c_proj.weight": proj}
+
+    def forward(self, x):
+        x = self.region.enter(x)
+        B, T, _ = x.shape
+        w = self.heads * self.hs
+        q, k, v = self.c_attn(x).split(w, dim=2)
+        q, k, v = (t.reshape(B, T, self.heads, self.hs) for t in (q, k, v))
+        y = F.attention_bthd(q, k, v, is_causal=True)
+        return self.c_proj(y.reshape(B, T, w))
+
+
+class MLPTP(TPModule):
+    """The MLP with this rank's columns of c_fc and the matching rows of c_proj."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        H = 4 * cfg.n_embd
+        fc, fc_b = Spec(full.c_fc.weight.shape, 0, [(H, tp)]), Spec(full.c_fc.bias.shape, 0, [(H, tp)])
+        proj = Spec(full.c_proj.weight.shape, 1, [(H, tp)])
+        self.region = region
+        self.c_fc = ColumnParallelLinear(fc.take(full.c_fc.weight, tp, r), fc_b.take(full.c_fc.bias, tp, r), region,
+                                         enter=False)  # fmt: skip
+        self.c_proj = RowParallelLinear(proj.take(full.c_proj.weight, tp, r), full.c_proj.bias, region)
+        self._specs = {"c_fc.weight": fc, "c_fc.bias": fc_b, "c_proj.weight": proj}
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(self.region.enter(x)), approximate="tanh"))
+
+
+def _dims(cfg):
+    return Dims(cfg.n_head, cfg.n_head, cfg.n_layer, 4 * cfg.n_embd, cfg.padded_vocab_size)
+
+
+def _vocab(v):
+    """The vocabulary fields of a vocabulary size: the embedding padded to a multiple of 64 rows."""
+    return {"vocab_size": v, "padded_vocab_size": -(-v // 64) * 64}
+
+
+# GPT-2 sizes as llm.c and InfiniTrain name them (dN: N layers); vocabulary 50257, 1024 positions.
+_SIZES = (
+    (("gpt2", "d12"), (12, 12, 768), "GPT-2 124M"),
+    (("gpt2-medium", "d24"), (24, 16, 1024), "GPT-2 350M"),
+    (("gpt2-large", "d36"), (36, 20, 1280), "GPT-2 774M"),
+    (("gpt2-xl", "d48"), (48, 25, 1600), "GPT-2 1558M"),
+)
+
+FAMILY = Family(
+    "gpt2",
+    GPT2,
+    GPT2Config,
+    custom={"n_layer": 4, "n_head": 4, "n_embd": 128},
+    presets=(
+        *(
+            Preset(n, what, n_layer=L, n_head=H, n_embd=C, block_size=1024, vocab_size=50257)
+            for names, (L, H, C), what in _SIZES
+            for n in names
+        ),
+        Preset("gpt2-tiny", "the main job's 4-layer, 128-wide GPT-2 (block size: the sequence length)"),
+    ),
+    shape_flags=("n_layer", "n_head", "n_embd"),
+    vocab_fields=_vocab,
+    blocks="h",
+    lora_targets="attn.c_attn,attn.c_proj",
+    hf=HFFormat(("gpt2",), config_from_hf, load_hf, save_hf),
+    tensor_parallel=TensorParallelPlan(
+        "wte", "h", "ln_f", "attn", "mlp", AttentionTP, MLPTP, _dims, positions="wpe", tied_head=True
+    ),
+    llmc=True,
+)

@@ -1,17 +1,24 @@
 """LLaMA 3: RMSNorm pre-norm blocks, grouped-query attention with rotary
 position embeddings (LLaMA 3.1 frequency scaling), a SwiGLU MLP and an untied
-output head. Loads and saves llm.c model files (magic 20240803)."""
+output head (tied for LLaMA 3.2 1B and 3B checkpoints). Loads and saves llm.c
+model files (magic 20240803) and Hugging Face checkpoints (model_type llama);
+FAMILY says how the framework builds, converts and splits it."""
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from infinitrain import amp, checkpoint, nn
 from infinitrain import functional as F
+from infinitrain.models import hf
 from infinitrain.models import validate as V
 from infinitrain.models.blocks import run_split
+from infinitrain.models.family import Dims, Family, HFFormat, Preset, TensorParallelPlan
 from infinitrain.models.sampling import check_ids, generate
+from infinitrain.parallel import mappings as M
+from infinitrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, Spec, TPModule
 from infinitrain.tensor import from_numpy
 
 MAGIC = 20240803
@@ -180,19 +187,26 @@ class LLaMA3(nn.Module):
         cfg = self.config
         return generate(self, idx, max_new_tokens, cfg.block_size, cfg.vocab_size, temperature, top_k, seed, generator)
 
-    # ---- Hugging Face checkpoints (models/hf.py) ----
+    # ---- Hugging Face checkpoints ----
     @classmethod
-    def from_pretrained(cls, path, device="cpu", **kwargs):
+    def from_pretrained(cls, path, device="cpu"):
         """A model from a local Hugging Face checkpoint folder (config.json + safetensors)."""
-        from infinitrain.models import hf
-
-        return hf.from_pretrained(path, device, cls=cls, **kwargs)
+        return FAMILY.from_pretrained(path, device)
 
     def save_pretrained(self, path, dtype="float32", max_shard_size="5GB"):
         """Writes a Hugging Face checkpoint folder: config.json + safetensors (sharded above max_shard_size)."""
-        from infinitrain.models import hf
+        FAMILY.save_pretrained(self, path, dtype, max_shard_size)
 
-        hf.save_pretrained(self, path, dtype, max_shard_size)
+    @property
+    def tied(self):
+        """Whether the output head is the embedding (one shared parameter, as LLaMA 3.2 1B and 3B)."""
+        return self.lm_head.weight is self.wte.weight
+
+    def tie_head(self):
+        """Makes the output head share the embedding's parameter (the same tensor, trained as one, counted once);
+        returns the model."""
+        self.lm_head.weight = self.wte.weight
+        return self
 
     # ---- llm.c model files ----
     def _llmc_tensors(self):
@@ -285,3 +299,260 @@ class LLaMA3(nn.Module):
                 p.copy_(from_numpy(flat[offset : offset + n].reshape(p.shape), dtype=p.dtype))
                 offset += n
         return model
+
+
+# ---- Hugging Face checkpoints ----
+
+_ROPE_BUFFERS = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+_HF_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def hf_decoder_checks(cfg, name):
+    """Checks the LLaMA-style decoders (LLaMA, Qwen3, Mixtral) share; (hidden size, heads, kv heads)."""
+    hf.require(cfg, "hidden_act", ("silu",), "silu", f"{name} uses SwiGLU (silu)")
+    hf.require(cfg, "attention_bias", (False,), False, f"{name} has no attention biases")
+    hf.require(cfg, "mlp_bias", (False,), False, f"{name} has no MLP biases")
+    hidden, heads = hf.field(cfg, "hidden_size"), hf.field(cfg, "num_attention_heads")
+    kv = hf.field(cfg, "num_key_value_heads", heads)
+    return hidden, heads, kv
+
+
+def config_from_hf(cfg):
+    hidden, heads, kv = hf_decoder_checks(cfg, "LLaMA3")
+    if hidden % heads or hf.field(cfg, "head_dim", hidden // heads) != hidden // heads:
+        raise ValueError(
+            f"config.json: field 'head_dim' = {cfg.get('head_dim')!r} cannot be represented: "
+            "LLaMA3 uses hidden_size / num_attention_heads"
+        )
+    hf.field(cfg, "tie_word_embeddings", False, bool)  # checked here; tie_as_hf ties the built model
+    scaling = cfg.get("rope_scaling")
+    scaled = False
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+        if kind == "llama3" and all(scaling.get(k) == v for k, v in _HF_SCALING.items()):
+            scaled = True
+        elif kind != "default":
+            raise ValueError(
+                f"config.json: field 'rope_scaling' = {scaling!r} cannot be represented: LLaMA3 supports none or "
+                f"rope_type 'llama3' with {_HF_SCALING}"
+            )
+    inter = hf.field(cfg, "intermediate_size")
+    mult, multiple_of = _mlp_fields(hidden, inter)
+    return hf.build(
+        lambda: LLaMA3Config(
+            block_size=hf.field(cfg, "max_position_embeddings"),
+            vocab_size=hf.field(cfg, "vocab_size"),
+            n_layer=hf.field(cfg, "num_hidden_layers"),
+            n_head=heads,
+            n_kv_head=kv,
+            n_embd=hidden,
+            ffn_dim_multiplier=mult,
+            multiple_of=multiple_of,
+            norm_eps=hf.field(cfg, "rms_norm_eps", 1e-6, float),
+            rope_theta=hf.field(cfg, "rope_theta", 10000.0, float),
+            use_scaled_rope=scaled,
+        ),
+        "the LLaMA config",
+    )
+
+
+def _mlp_fields(n_embd, width):
+    """(ffn_dim_multiplier, multiple_of) that make LLaMA3Config's derived MLP width exactly `width`."""
+    base = int(2 * (4 * n_embd) / 3)
+    return (1.0 if base <= width else width / base), width
+
+
+def tie_as_hf(model, cfg):
+    """A model built from config.json `cfg`, tied as it says (LLaMA3Config has no field for it)."""
+    if hf.field(cfg, "tie_word_embeddings", False, bool):
+        model.tie_head()
+    return model
+
+
+def _hf_pairs(model):
+    """(HF name, parameter) but q/k/v (handled separately); no lm_head when it is tied."""
+    pairs = [("model.embed_tokens.weight", model.wte.weight)]
+    for i, b in enumerate(model.h):
+        p = f"model.layers.{i}."
+        pairs += [
+            (p + "input_layernorm.weight", b.ln_1.weight),
+            (p + "self_attn.o_proj.weight", b.attn.c_proj.weight),
+            (p + "post_attention_layernorm.weight", b.ln_2.weight),
+            (p + "mlp.gate_proj.weight", b.mlp.c_fc2.weight),
+            (p + "mlp.up_proj.weight", b.mlp.c_fc.weight),
+            (p + "mlp.down_proj.weight", b.mlp.c_proj.weight),
+        ]
+    pairs += [("model.norm.weight", model.ln_f.weight)]
+    if not model.tied:
+        pairs += [("lm_head.weight", model.lm_head.weight)]
+    return pairs
+
+
+def load_hf(model, t):
+    c = model.config
+    hd, C = c.head_dim, c.n_embd
+    for name, p in _hf_pairs(model):
+        hf.set_param(p, t.take(name, p.shape))
+    for i, b in enumerate(model.h):
+        p = f"model.layers.{i}.self_attn."
+        q = hf.rotary_from_hf(t.take(p + "q_proj.weight", (c.n_head * hd, C)), c.n_head)
+        k = hf.rotary_from_hf(t.take(p + "k_proj.weight", (c.n_kv_head * hd, C)), c.n_kv_head)
+        v = t.take(p + "v_proj.weight", (c.n_kv_head * hd, C))
+        hf.set_param(b.attn.c_attn.weight, np.concatenate([q, k, v]))
+    if model.tied:
+        hf.same_tied(
+            t, "lm_head.weight", model.wte.weight.shape, hf.host(model.wte.weight), "model.embed_tokens.weight"
+        )
+    t.finish(_ROPE_BUFFERS)
+
+
+def save_hf(model):
+    c = model.config
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.n_embd,
+        "intermediate_size": c.hidden_dim,
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "num_key_value_heads": c.n_kv_head,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.block_size,
+        "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": dict(_HF_SCALING, rope_type="llama3") if c.use_scaled_rope else None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "initializer_range": 0.02,
+        # Tied: no lm_head.weight in the files (Hugging Face's layout; its loader ties the head to embed_tokens).
+        "tie_word_embeddings": model.tied,
+        "use_cache": True,
+    }
+    out = {name: hf.host(p) for name, p in _hf_pairs(model)}
+    hd = c.head_dim
+    for i, b in enumerate(model.h):
+        p = f"model.layers.{i}.self_attn."
+        q, k, v = np.split(hf.host(b.attn.c_attn.weight), [c.n_head * hd, (c.n_head + c.n_kv_head) * hd])
+        out[p + "q_proj.weight"] = hf.rotary_to_hf(q, c.n_head)
+        out[p + "k_proj.weight"] = hf.rotary_to_hf(k, c.n_kv_head)
+        out[p + "v_proj.weight"] = v
+    return cfg, out
+
+
+# ---- tensor parallelism ----
+
+
+class AttentionTP(TPModule):
+    """Grouped-query attention with this rank's query heads. Key/value heads split like the queries when there are
+    at least as many as ranks; with fewer, every rank holds all of them (they are small) and uses its group's one;
+    their rows enter the region (copy_to), so their gradient is summed over the ranks."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        nh, nkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.split_heads(cfg, region)
+        self.nkv = nkv
+        kv_pieces = tp if self.split_kv else 1
+        qkv = Spec(full.c_attn.weight.shape, 0, [(nh * hd, tp), (nkv * hd, kv_pieces), (nkv * hd, kv_pieces)])
+        proj = Spec(full.c_proj.weight.shape, 1, [(nh * hd, tp)])
+        self.c_attn = ColumnParallelLinear(qkv.take(full.c_attn.weight, tp, r), None, region, enter=False)
+        self.c_proj = RowParallelLinear(proj.take(full.c_proj.weight, tp, r), None, region)
+        self._specs = {"c_attn.weight": qkv, "c_proj.weight": proj}
+
+    def _qkv(self, x):
+        if self.split_kv:
+            return self.c_attn(x)
+        w, qn, hd, j = self.c_attn.weight, self.heads * self.hd, self.hd, self.kv_index
+        kv = M.copy_to(w[qn:], self.region.group)
+        wk = kv[j * hd : (j + 1) * hd]
+        wv = kv[(self.nkv + j) * hd : (self.nkv + j + 1) * hd]
+        return F.linear(x, F.cat([w[:qn], wk, wv], 0))
+
+    def forward(self, x, cos, sin):
+        x = self.region.enter(x)
+        B, T, _ = x.shape
+        nh, nkv, hd = self.heads, self.kv_heads, self.hd
+        q, k, v = self._qkv(x).split([nh * hd, nkv * hd, nkv * hd], dim=2)
+        q = F.rope(q.reshape(B, T, nh, hd), cos, sin)
+        k = F.rope(k.reshape(B, T, nkv, hd), cos, sin)
+        y = F.attention_bthd(q, k, v.reshape(B, T, nkv, hd), is_causal=True)
+        return self.c_proj(y.reshape(B, T, nh * hd))
+
+
+class MLPTP(TPModule):
+    """The SwiGLU MLP with this rank's columns of up and gate and the matching rows of the down projection."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        H = cfg.hidden_dim
+        col = Spec(full.c_fc.weight.shape, 0, [(H, tp)])
+        proj = Spec(full.c_proj.weight.shape, 1, [(H, tp)])
+        self.region = region
+        self.c_fc = ColumnParallelLinear(col.take(full.c_fc.weight, tp, r), None, region, enter=False)
+        self.c_fc2 = ColumnParallelLinear(col.take(full.c_fc2.weight, tp, r), None, region, enter=False)
+        self.c_proj = RowParallelLinear(proj.take(full.c_proj.weight, tp, r), None, region)
+        self._specs = {"c_fc.weight": col, "c_fc2.weight": col, "c_proj.weight": proj}
+
+    def forward(self, x):
+        x = self.region.enter(x)
+        return self.c_proj(F.swiglu(self.c_fc2(x), self.c_fc(x)))
+
+
+def _dims(cfg):
+    return Dims(cfg.n_head, cfg.n_kv_head, cfg.n_layer, cfg.hidden_dim, cfg.vocab_size)
+
+
+def _make_config(f):
+    if f.get("intermediate_size"):  # an MLP width mapped onto LLaMA 3's two fields
+        f = dict(f)
+        f["ffn_dim_multiplier"], f["multiple_of"] = _mlp_fields(f["n_embd"], f.pop("intermediate_size"))
+    return LLaMA3Config(**f)
+
+
+# LLaMA 3 sizes (untied output head, as llm.c's train_llama3.py); vocabulary 128256.
+_SIZES = (
+    (("llama3", "llama3-1b"), (16, 32, 8, 2048, 1.5, 1024, 8192), "LLaMA 3.2 1B shape"),
+    (("llama3-3b",), (28, 24, 8, 3072, 1.0, 256, 8192), "LLaMA 3.2 3B shape"),
+    (("llama3-8b",), (32, 32, 8, 4096, 1.3, 1024, 8192), "LLaMA 3.1 8B"),
+    (("llama3-70b",), (80, 64, 8, 8192, 1.3, 4096, 8192), "LLaMA 3.1 70B"),
+)
+_BIG = {"vocab_size": 128256, "rope_theta": 500000.0, "use_scaled_rope": True}
+
+FAMILY = Family(
+    "llama3",
+    LLaMA3,
+    LLaMA3Config,
+    custom={"n_layer": 4, "n_head": 4, "n_kv_head": 2, "n_embd": 128, "ffn_dim_multiplier": 1.0, "multiple_of": 32},
+    presets=(
+        *(
+            Preset(
+                n,
+                what,
+                n_layer=L,
+                n_head=H,
+                n_kv_head=KV,
+                n_embd=C,
+                ffn_dim_multiplier=mult,
+                multiple_of=of,
+                block_size=block,
+                **_BIG,
+            )  # fmt: skip
+            for names, (L, H, KV, C, mult, of, block), what in _SIZES
+            for n in names
+        ),
+        Preset("llama3-tiny", "a 4-layer, 128-wide LLaMA 3 (block size: the sequence length)"),
+    ),
+    make_config=_make_config,
+    blocks="h",
+    lora_targets="attn.c_attn,attn.c_proj",
+    hf=HFFormat(("llama",), config_from_hf, load_hf, save_hf, tie=tie_as_hf),
+    tensor_parallel=TensorParallelPlan(
+        "wte", "h", "ln_f", "attn", "mlp", AttentionTP, MLPTP, _dims, rotary=lambda c, d, n: rope_tables(c, d, n)
+    ),
+    llmc=True,
+)

@@ -24,6 +24,7 @@ import numpy as np
 
 from infinitrain import autograd, checkpoint, nn
 from infinitrain import functional as F
+from infinitrain.models import hf
 from infinitrain.tensor import empty, from_numpy
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -195,8 +196,6 @@ def save_adapters(model, path):
 def load_adapters(model, path):
     """Applies LoRA as adapter_config.json says (unless the model has it already) and loads the adapters;
     raises ValueError naming a missing, unexpected or mis-shaped adapter."""
-    from infinitrain.models import hf
-
     file = os.path.join(path, ADAPTER_CONFIG)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file}: no such file")
@@ -208,7 +207,7 @@ def load_adapters(model, path):
         raise ValueError(f"{file}: malformed adapter config ({e}); needs r, lora_alpha, target_modules") from None
     if not lora_modules(model):
         apply_lora(model, targets, r, alpha, dropout)
-    tensors = hf._read_file(os.path.join(path, ADAPTER_WEIGHTS))
+    tensors = hf.read_file(os.path.join(path, ADAPTER_WEIGHTS))
     own = adapter_state_dict(model)
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     if missing or unexpected:

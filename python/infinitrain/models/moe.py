@@ -4,11 +4,14 @@ load-balancing loss.
 A linear router scores each token against E experts; `moe_topk` keeps the k best (softmax gating,
 optionally renormalised over the k); `moe_permute` sorts the N*k (token, choice) slots by expert with no
 capacity limit (dropless: no token is ever dropped); each expert, a SwiGLU MLP, runs once over its
-contiguous rows; `moe_unpermute` adds each token's k outputs weighted by its gates.
+contiguous rows; `moe_unpermute` adds each token's k outputs weighted by its gates. Under tensor parallelism
+whole experts go to the ranks (ExpertParallelMoE).
 """
 
 from infinitrain import functional as F
 from infinitrain import nn
+from infinitrain.parallel import mappings as M
+from infinitrain.parallel.layers import Spec, TPModule
 
 
 class Expert(nn.Module):
@@ -68,3 +71,58 @@ def load_balancing_loss(stats, num_experts):
         probs = p if probs is None else probs + p
         tokens += n
     return (counts * probs).sum() * (float(num_experts) / float(tokens * tokens))
+
+
+class ExpertParallelMoE(TPModule):
+    """Mixtral's sparse MoE with the experts split across the tensor-parallel ranks (expert parallel): this rank
+    holds experts [lo, hi) whole. The router is outside the region, replicated like a norm (on a sequence shard
+    with SP); the tokens and their routing enter the region (copy_to, or gathered with SP), each rank runs its
+    experts on the rows routed to them, and the partial combines are summed on exit (as the row-parallel linear's
+    outputs). The routing's entry sums the gates' gradient over the ranks, so the router's is whole."""
+
+    def __init__(self, full, cfg, region):
+        super().__init__()
+        tp, r = region.size, region.rank
+        E = full.num_experts
+        self.region, self.num_experts, self.top_k, self.normalize = region, E, full.top_k, full.normalize
+        self.local = E // tp
+        self.lo, self.hi = r * self.local, (r + 1) * self.local
+        self.gate = full.gate
+        self.experts = nn.ModuleDict({str(e): full.experts[e] for e in range(self.lo, self.hi)})  # full names
+        self._specs = {f"experts.{e}.{n}": Spec(p.shape, owner=r)
+                       for e in range(self.lo, self.hi) for n, p in full.experts[e].named_parameters()}  # fmt: skip
+        self.router_stats = None
+
+    def forward(self, x):
+        region = self.region
+        B, T, C = x.shape  # T: this rank's sequence shard with SP
+        k = self.top_k
+        logits = self.gate(x.reshape(-1, C))
+        weights, experts = F.moe_topk(logits, k, self.normalize)
+        xs = region.enter(x).reshape(-1, C)
+        weights = region.enter(weights.reshape(B, T, k)).reshape(-1, k)
+        experts = region.enter(experts.reshape(B, T, k)).reshape(-1, k)
+        # Other ranks' experts share one bucket past the local ones, which this rank does not run.
+        inside = F.ge(experts, self.lo) * F.lt(experts, self.hi)
+        local = F.where(inside, F.sub(experts, self.lo), self.local)
+        rows, source, counts = F.moe_permute(xs, local, self.local + 1)
+        sizes = [int(c) for c in counts.numpy()]  # the host needs the group sizes to slice per expert
+        outs, start = [], 0
+        for expert, n in zip(self.experts.values(), sizes, strict=False):
+            if n:
+                outs.append(expert(rows[start : start + n]))
+            start += n
+        # The other ranks' rows contribute zero here; kept on the graph so every rank's backward runs the same
+        # collectives (the entry's all-reduce) even when none of its experts got a token.
+        rest = rows[start:] * 0.0
+        outs.append(rest if not outs or rest.dtype == outs[0].dtype else rest.to(outs[0].dtype))
+        y = region.exit(F.moe_unpermute(F.cat(outs, 0), source, weights).reshape(B, -1, C))
+        # Balancing statistics of all the tokens: counts from the entered routing, probabilities summed over the
+        # shards (the same on every rank; each rank's gradient reaches its own tokens).
+        probs = F.softmax(logits if logits.dtype in ("float32", "float64") else logits.to("float32"), -1)
+        full = F.sum(F.one_hot(experts.reshape(-1), self.num_experts), 0)
+        probs = F.sum(probs, 0)
+        if region.sp:
+            probs = M.reduce_from(probs, region.group)
+        self.router_stats = (full, probs, xs.shape[0])
+        return y

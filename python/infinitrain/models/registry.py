@@ -1,87 +1,232 @@
-"""Model selection for the train CLI: which architecture (--model gpt2|llama3|mixtral|qwen3), its sizes
-(flags or --config_json, a Hugging Face config.json), where its weights start (--init_from: a Hugging Face
-folder or an llm.c model file) and LoRA (--lora_rank --lora_alpha --lora_target_modules --lora_dropout).
+"""The model registry: every family (models/family.py) and its presets, which `--model NAME` builds, shared by the
+train, sample, export and merge tools. Each model file exports its FAMILY; registering one is one line:
 
-Plain functions with explicit arguments, so the CLI and tests share them; `define_flags` declares the
-flags the CLI adds for them (absl), `build_model_from_flags` / `setup_lora_from_flags` read them.
+    register(gpt2.FAMILY)
+
+A preset gives its documented shape. The shape flags (--n_layer, --n_head, --n_kv_head, --n_embd, and
+--intermediate_size, --num_experts, --num_experts_per_tok) build a custom-size model of a family instead: the
+fields not given take the family's small defaults and the block size is the sequence length. They go with a
+family's own name (`gpt2`, `llama3`, `mixtral`, `qwen3`), not a sized preset. --init_from (a Hugging Face folder or
+an llm.c model file) and --config_json (a Hugging Face config.json) fix the shape instead.
 """
 
 import dataclasses
 import json
 import os
+from dataclasses import dataclass
 
-from infinitrain.models import hf, lora
-from infinitrain.models.gpt2 import GPT2, GPT2Config
-from infinitrain.models.llama3 import LLaMA3, LLaMA3Config
-from infinitrain.models.mixtral import Mixtral, MixtralConfig
-from infinitrain.models.qwen3 import Qwen3, Qwen3Config
+from infinitrain.models import gpt2, hf, llama3, lora, mixtral, qwen3
 
-MODEL_NAMES = ("gpt2", "llama3", "mixtral", "qwen3")
-_CLASSES = {"gpt2": GPT2, "llama3": LLaMA3, "mixtral": Mixtral, "qwen3": Qwen3}
-# The layers --lora_target_modules adapts when it is empty: the attention projections.
-DEFAULT_LORA_TARGETS = {
-    "gpt2": "attn.c_attn,attn.c_proj",
-    "llama3": "attn.c_attn,attn.c_proj",
-    "mixtral": "q_proj,k_proj,v_proj,o_proj",
-    "qwen3": "q_proj,k_proj,v_proj,o_proj",
-}
+SHAPE_FLAGS = ("n_layer", "n_head", "n_kv_head", "n_embd", "intermediate_size", "num_experts", "num_experts_per_tok")
+
+FAMILIES = {}  # name -> Family
+PRESETS = {}  # --model name -> (family name, config fields, description)
 
 
-def _check_name(name):
-    if name not in _CLASSES:
-        raise ValueError(f"--model must be one of {', '.join(MODEL_NAMES)}, got {name!r}")
-    return _CLASSES[name]
+class ModelChoiceError(ValueError):
+    pass
 
 
-def _swiglu_width(n_embd, multiple=32):
-    """8/3 n_embd rounded up to a multiple of 32: the SwiGLU width of a fresh model sized by flags."""
-    return multiple * -(-(8 * n_embd // 3) // multiple)
+def register(family):
+    """Adds a family and its presets (a name already taken is an error)."""
+    if family.name in FAMILIES:
+        raise ValueError(f"model family {family.name!r} is already registered")
+    taken = [p.name for p in family.presets if p.name in PRESETS]
+    if taken:
+        raise ValueError(f"model presets {taken} are already registered")
+    FAMILIES[family.name] = family
+    for p in family.presets:
+        PRESETS[p.name] = (family.name, dict(p.fields), p.description)
+    return family
 
 
-def config_from_sizes(
-    name,
-    vocab_size,
-    block_size,
-    n_layer,
-    n_head,
-    n_embd,
-    n_kv_head=None,
-    intermediate_size=0,
-    num_experts=8,
-    num_experts_per_tok=2,
-    router_aux_loss_coef=None,
-):
-    """A fresh model's config from the CLI's size flags (0 / None: the model's derived default).
-    router_aux_loss_coef (None: the model's default) weighs Mixtral's load-balancing loss."""
-    _check_name(name)
-    if router_aux_loss_coef is not None and name != "mixtral":
-        raise ValueError(_no_router(name))
-    kv = n_kv_head or n_head
-    if name == "gpt2":
-        return GPT2Config(block_size, vocab_size, -(-vocab_size // 64) * 64, n_layer, n_head, n_embd)
-    if name == "llama3":
-        if intermediate_size:
-            base = int(2 * (4 * n_embd) / 3)
-            mult = 1.0 if base <= intermediate_size else intermediate_size / base
-            return LLaMA3Config(block_size, vocab_size, n_layer, n_head, kv, n_embd, mult, intermediate_size)
-        return LLaMA3Config(block_size, vocab_size, n_layer, n_head, kv, n_embd, ffn_dim_multiplier=1.0, multiple_of=32)
-    if n_embd % n_head:
-        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-    width = intermediate_size or _swiglu_width(n_embd)
-    common = dict(
-        block_size=block_size,
-        vocab_size=vocab_size,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_kv_head=kv,
-        n_embd=n_embd,
-        head_dim=n_embd // n_head,
-        intermediate_size=width,
-    )
-    if name == "mixtral":
-        aux = {} if router_aux_loss_coef is None else {"router_aux_loss_coef": float(router_aux_loss_coef)}
-        return MixtralConfig(**common, num_experts=num_experts, num_experts_per_tok=num_experts_per_tok, **aux)
-    return Qwen3Config(**common, tie_word_embeddings=False)
+def unregister(name):
+    """Removes a family and its presets (tests that register their own)."""
+    FAMILIES.pop(name)
+    for preset in [k for k, v in PRESETS.items() if v[0] == name]:
+        del PRESETS[preset]
+
+
+register(gpt2.FAMILY)
+register(llama3.FAMILY)
+register(mixtral.FAMILY)
+register(qwen3.FAMILY)
+
+
+# ---- which model --model names ----
+
+
+@dataclass
+class ModelSpec:
+    """What to build: a family and its config fields (None: read from `llmc_filepath`)."""
+
+    family: object
+    fields: dict
+    llmc_filepath: str = ""
+    vocab_from: str = ""  # where the vocabulary size came from, for messages
+    init_from: str = ""  # an llm.c model file or a Hugging Face folder
+    config_json: str = ""  # a Hugging Face config.json giving a fresh model's sizes
+    router_aux_loss_coef: float = None  # an MoE model's balancing-loss weight (None: the model's)
+
+    def build(self, device):
+        return set_router_aux_loss_coef(self._build(device), self.router_aux_loss_coef)
+
+    def _build(self, device):
+        if self.llmc_filepath:
+            return self.family.from_llmc(self.llmc_filepath, device)
+        if self.init_from:
+            return load_pretrained(self.family.name, self.init_from, device)
+        if self.config_json:
+            return model_from_config_json(self.family.name, self.config_json, device)
+        return self.family.build(self.family.config(self.fields), device)
+
+
+def names():
+    return sorted(PRESETS)
+
+
+def describe():
+    """One line per preset, for --help and docs/train_flags.md."""
+    out = []
+    for name in names():
+        family, fields, what = PRESETS[name]
+        shape = ", ".join(f"{k}={fields[k]}" for k in SHAPE_FLAGS if k in fields) or "custom"
+        out.append(f"{name}: {what} ({shape})")
+    return out
+
+
+def family_of(name):
+    if name in PRESETS:
+        return FAMILIES[PRESETS[name][0]]
+    raise ModelChoiceError(f"--model={name}: unknown model; choose one of {', '.join(names())}")
+
+
+def resolve(
+    name, *, shape, sequence_length, vocab_size=None, vocab_from="", llmc_filepath="", token_kind=None, init_from="",
+    config_json="", router_aux_loss_coef=None,
+):  # fmt: skip
+    """The ModelSpec for --model=name.
+
+    shape: the shape flags given explicitly (name -> value). vocab_size: from --vocab_size or the tokenizer
+    (None: the preset's, else the token file kind's). llmc_filepath, init_from (an llm.c file or a Hugging Face
+    folder) and config_json (a Hugging Face config.json) fix the shape instead. router_aux_loss_coef (None: the
+    model's) goes to a mixture-of-experts model (a model built without experts refuses it). Raises
+    ModelChoiceError (a one-line message) on conflicts.
+    """
+    family = family_of(name)
+    preset = PRESETS[name][1]
+    given = [k for k in SHAPE_FLAGS if shape.get(k) is not None]
+    sources = [(f, v) for f, v in (("llmc_filepath", llmc_filepath), ("init_from", init_from)) if v]
+    sources += [("config_json", config_json)] if config_json else []
+    if len(sources) > 1:
+        raise ModelChoiceError(f"--{sources[0][0]} and --{sources[1][0]} both give the model; pick one")
+    if sources:
+        flag = sources[0][0]
+        if given:
+            flags = ", ".join(f"--{k}" for k in given)
+            raise ModelChoiceError(
+                f"{flags} conflict{'s' if len(given) == 1 else ''} with --{flag} (it fixes the model's "
+                f"shape); drop {flags}"
+            )
+        if name != family.name and preset:
+            raise ModelChoiceError(f"--model={name} fixes the model's shape; use --model={family.name} with --{flag}")
+        aux = router_aux_loss_coef
+        if config_json:
+            return ModelSpec(family, {}, "", "the config file", config_json=config_json, router_aux_loss_coef=aux)
+        return ModelSpec(family, {}, llmc_filepath, "the model file", init_from=init_from, router_aux_loss_coef=aux)
+    unknown = [k for k in given if k not in family.shape_flags]
+    if unknown:
+        raise ModelChoiceError(f"--{unknown[0]} does not apply to {family.name} models")
+    if given and name != family.name and preset:
+        raise ModelChoiceError(
+            f"--model={name} fixes the model's shape; --{given[0]} builds a custom-size model: "
+            f"use --model={family.name} with the shape flags"
+        )
+    custom = bool(given) or not preset
+    fields = dict(family.custom) if custom else dict(preset)
+    fields.update({k: shape[k] for k in given})
+    if custom:
+        fields["block_size"] = sequence_length
+    if vocab_size is None and "vocab_size" not in fields:
+        vocab_size = family.vocab_of_kind.get(token_kind)
+        vocab_from = f"the {token_kind} token file's tokenizer" if vocab_size else ""
+        if vocab_size is None:
+            raise ModelChoiceError(
+                f"--model={name}: the vocabulary size is unknown; pass --vocab_size or --tokenizer_bin"
+            )
+    if vocab_size is not None:
+        fields.update(family.vocab_fields(vocab_size))
+    else:
+        vocab_from = f"the {name} preset"
+    try:
+        config = family.config(fields)  # validates now, as a usage error
+    except (TypeError, ValueError) as e:
+        raise ModelChoiceError(f"--model={name}: {e}") from None
+    if router_aux_loss_coef is not None and not getattr(config, "num_experts", 0):
+        raise ModelChoiceError(
+            f"--router_aux_loss_coef applies to mixture-of-experts models (mixtral, or a Qwen3-MoE from "
+            f"--config_json/--init_from); --model={name} has no router"
+        )
+    return ModelSpec(family, fields, "", vocab_from, router_aux_loss_coef=router_aux_loss_coef)
+
+
+# ---- models and their families ----
+
+
+def config_dict(model):
+    """A model's config as plain JSON values (stored in checkpoints, so sample and export can rebuild it)."""
+    return dataclasses.asdict(model.config)
+
+
+def from_config(family_name, fields, device="cpu"):
+    if family_name not in FAMILIES:
+        raise ModelChoiceError(f"unknown model family {family_name!r}; known: {', '.join(sorted(FAMILIES))}")
+    family = FAMILIES[family_name]
+    return family.build(family.restore(fields), device)
+
+
+def family_of_model(model):
+    for family in FAMILIES.values():
+        if isinstance(model, family.model_cls):
+            return family
+    raise ModelChoiceError(f"{type(model).__name__} is not a registered model family")
+
+
+def family_of_config(config):
+    for family in FAMILIES.values():
+        if isinstance(config, family.config_cls):
+            return family
+    raise ModelChoiceError(f"{type(config).__name__} is not the config of a registered model family")
+
+
+def family_of_hf(cfg, where="config.json"):
+    """The family whose Hugging Face format reads a config.json dict (its model_type)."""
+    kind = cfg.get("model_type")
+    for family in FAMILIES.values():
+        if family.hf is not None and kind in family.hf.model_types:
+            return family
+    known = [t for f in FAMILIES.values() if f.hf is not None for t in f.hf.model_types]
+    raise ValueError(f"{where}: field 'model_type' = {kind!r} is not supported (one of {', '.join(known)})")
+
+
+def config_from_hf(cfg):
+    """(family, our config) for a config.json dict."""
+    family = family_of_hf(cfg)
+    return family, family.config_from_hf(cfg)
+
+
+def from_pretrained(path, device="cpu", **config_overrides):
+    """A model from a local Hugging Face checkpoint folder, of the family its config.json's model_type names."""
+    family = family_of_hf(hf.read_config(os.fspath(path)), f"{os.fspath(path)}/{hf.CONFIG_FILE}")
+    return family.from_pretrained(path, device, **config_overrides)
+
+
+def save_pretrained(model, path, dtype="float32", max_shard_size="5GB"):
+    """Writes a Hugging Face checkpoint folder for any registered model with a Hugging Face format."""
+    family_of_model(model).save_pretrained(model, path, dtype, max_shard_size)
+
+
+# ---- the CLI's model settings ----
 
 
 def _no_router(what):
@@ -100,15 +245,10 @@ def set_router_aux_loss_coef(model, coef):
     return model
 
 
-def config_from_json(name, path):
-    """Our config from a Hugging Face config.json, checked to be the --model architecture."""
-    return _read_config_json(name, path)[1]
-
-
-def model_from_config_json(name, path, device="cpu"):
-    """A fresh model sized by a Hugging Face config.json; tied as it says (LLaMA's tie_word_embeddings)."""
-    cfg, config = _read_config_json(name, path)
-    return hf.tie_as_config(_CLASSES[name](config, device), cfg)
+def _family(name):
+    if name not in FAMILIES:
+        raise ValueError(f"--model must be one of {', '.join(FAMILIES)}, got {name!r}")
+    return FAMILIES[name]
 
 
 def _read_config_json(name, path):
@@ -119,59 +259,61 @@ def _read_config_json(name, path):
         raise ValueError(f"--config_json {path}: not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"--config_json {path}: expected a JSON object")
-    cls, config = hf.config_from_hf(cfg)
-    if cls is not _check_name(name):
+    family, config = config_from_hf(cfg)
+    if family is not _family(name):
         raise ValueError(f"--config_json {path} describes a {cfg.get('model_type')} model, but --model={name}")
     return cfg, config
 
 
+def config_from_json(name, path):
+    """Our config from a Hugging Face config.json, checked to be the --model family."""
+    return _read_config_json(name, path)[1]
+
+
+def model_from_config_json(name, path, device="cpu"):
+    """A fresh model sized by a Hugging Face config.json; tied as it says (LLaMA's tie_word_embeddings)."""
+    cfg, config = _read_config_json(name, path)
+    family = FAMILIES[name]
+    model = family.build(config, device)
+    return family.hf.tie(model, cfg) if family.hf.tie is not None else model
+
+
 def load_pretrained(name, path, device="cpu"):
     """Weights to start from: a Hugging Face checkpoint folder, or an llm.c model file (gpt2, llama3)."""
-    cls = _check_name(name)
+    family = _family(name)
     if os.path.isdir(path):
         cfg = hf.read_config(path)
-        if hf.config_from_hf(cfg)[0] is not cls:
+        if family_of_hf(cfg) is not family:
             raise ValueError(f"--init_from {path} holds a {cfg.get('model_type')} checkpoint, but --model={name}")
-        return hf.from_pretrained(path, device, cls=cls)
+        return family.from_pretrained(path, device)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--init_from {path}: no such file or folder")
-    if name not in ("gpt2", "llama3"):
+    if not family.llmc:
         raise ValueError(f"--init_from {path}: llm.c model files hold gpt2 or llama3, not {name}; pass an HF folder")
-    return cls.from_llmc(path, device)
+    return family.from_llmc(path, device)
 
 
 def build_model(
-    name,
-    vocab_size,
-    block_size,
-    *,
-    n_layer=4,
-    n_head=4,
-    n_embd=128,
-    n_kv_head=None,
-    intermediate_size=0,
-    num_experts=8,
-    num_experts_per_tok=2,
-    config_json="",
-    init_from="",
-    router_aux_loss_coef=None,
-    device="cpu",
-):
-    """The model the CLI trains: from --init_from's weights, else fresh with --config_json's sizes, else with
-    the size flags; router_aux_loss_coef (None: the model's or its config's) weighs an MoE model's balancing
-    loss. A checkpoint's vocabulary must cover the data's (vocab_size)."""
+    name, vocab_size, block_size, *, n_layer=4, n_head=4, n_embd=128, n_kv_head=None, intermediate_size=0,
+    num_experts=8, num_experts_per_tok=2, config_json="", init_from="", router_aux_loss_coef=None, device="cpu",
+):  # fmt: skip
+    """A model of family `name`: from init_from's weights, else fresh with config_json's sizes, else with these
+    sizes (0 / None: the family's derived default); router_aux_loss_coef (None: the model's or its config's) weighs
+    an MoE model's balancing loss. Its vocabulary and block size must cover vocab_size and block_size."""
     if init_from and config_json:
         raise ValueError("--init_from and --config_json both set: the checkpoint carries its own config")
+    family = _family(name)
     if init_from:
         model = load_pretrained(name, init_from, device)
     elif config_json:
         model = model_from_config_json(name, config_json, device)
     else:
-        cfg = config_from_sizes(
-            name, vocab_size, block_size, n_layer, n_head, n_embd, n_kv_head, intermediate_size, num_experts,
-            num_experts_per_tok,
-        )  # fmt: skip
-        model = _CLASSES[name](cfg, device)
+        sizes = {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd, "n_kv_head": n_kv_head or n_head}
+        sizes.update(intermediate_size=intermediate_size, num_experts=num_experts)
+        sizes["num_experts_per_tok"] = num_experts_per_tok
+        fields = dict(family.custom, block_size=block_size, **family.vocab_fields(vocab_size))
+        fields.update({k: v for k, v in sizes.items() if k in family.shape_flags and v})
+        model = family.build(family.config(fields), device)
     set_router_aux_loss_coef(model, router_aux_loss_coef)
     if model.config.vocab_size < vocab_size:
         raise ValueError(f"the model's vocab_size {model.config.vocab_size} is smaller than the data's {vocab_size}")
@@ -181,34 +323,17 @@ def build_model(
 
 
 def setup_lora(model, name, rank, alpha=16.0, target_modules="", dropout=0.0):
-    """With rank > 0, adds LoRA adapters (target_modules empty: DEFAULT_LORA_TARGETS[name]) and returns the
+    """With rank > 0, adds LoRA adapters (target_modules empty: the family's lora_targets) and returns the
     parameters to optimize: the adapters alone. With rank 0, every parameter."""
     if rank < 0:
         raise ValueError(f"--lora_rank must be >= 0, got {rank}")
     if rank == 0:
         return list(model.parameters())
-    lora.apply_lora(model, target_modules or DEFAULT_LORA_TARGETS[name], rank, alpha, dropout)
+    lora.apply_lora(model, target_modules or _family(name).lora_targets, rank, alpha, dropout)
     return lora.trainable_parameters(model)
 
 
-# ---- absl flags (the CLI's) ----
-
-# The flags define_flags adds that shape a run: the CLI's resume check must compare them too.
-RUN_FLAGS = (
-    "config_json",
-    "init_from",
-    "intermediate_size",
-    "num_experts",
-    "num_experts_per_tok",
-    "router_aux_loss_coef",
-    "lora_rank",
-    "lora_alpha",
-    "lora_target_modules",
-    "lora_dropout",
-)
-
-
-# name -> (type, default, help, lower bound): the CLI's model flags (RunConfig's fields, define_flags' flags).
+# The model flags of RunConfig: name -> (type, default, help, lower bound). All shape a run: resuming compares them.
 FLAG_SPECS = {
     "config_json": (str, "", "Hugging Face config.json giving a fresh model's sizes.", None),
     "init_from": (str, "", "Start from these weights: a Hugging Face checkpoint folder or an llm.c model file.", None),
@@ -232,56 +357,4 @@ FLAG_SPECS = {
     ),
     "lora_dropout": (float, 0.0, "Dropout on the LoRA path's input.", None),
 }
-
-
-def define_flags(flag_values=None):
-    """Declares the flags these helpers read (the CLI keeps --model, sizes, --device, ...)."""
-    from absl import flags
-
-    fv = flag_values or flags.FLAGS
-    define = {str: flags.DEFINE_string, int: flags.DEFINE_integer, float: flags.DEFINE_float}
-    for name, (kind, default, help_text, lower) in FLAG_SPECS.items():
-        bound = {} if lower is None else {"lower_bound": lower}
-        define[kind](name, default, help_text, flag_values=fv, **bound)
-
-
-def build_model_from_flags(fv, vocab_size, device):
-    """build_model with the CLI's flags (--model, --sequence_length, sizes, --config_json, --init_from)."""
-    return build_model(
-        fv.model,
-        vocab_size,
-        fv.sequence_length,
-        n_layer=fv.n_layer,
-        n_head=fv.n_head,
-        n_embd=fv.n_embd,
-        n_kv_head=fv.n_kv_head,
-        intermediate_size=fv.intermediate_size,
-        num_experts=fv.num_experts,
-        num_experts_per_tok=fv.num_experts_per_tok,
-        config_json=fv.config_json,
-        init_from=fv.init_from,
-        router_aux_loss_coef=fv.router_aux_loss_coef,
-        device=device,
-    )
-
-
-def setup_lora_from_flags(fv, model):
-    """setup_lora with --lora_rank --lora_alpha --lora_target_modules --lora_dropout."""
-    return setup_lora(model, fv.model, fv.lora_rank, fv.lora_alpha, fv.lora_target_modules, fv.lora_dropout)
-
-
-def fill_missing_grads(params):
-    """Zero gradients for trainable parameters that got none this step (an expert no token was routed to),
-    so data-parallel all-reduces see the same tensors on every replica."""
-    from infinitrain.tensor import zeros
-
-    for p in params:
-        if p.requires_grad and p.grad is None:
-            p.grad = zeros(p.shape, dtype=p.dtype, device=p.device)
-
-
-def load_tokenizer(path):
-    """A tokenizer for decoding samples: a Hugging Face tokenizer.json, or an llm.c tokenizer file."""
-    from infinitrain.data import HFTokenizer, Tokenizer
-
-    return HFTokenizer.load(path) if str(path).endswith(".json") else Tokenizer.load(path)
+RUN_FLAGS = tuple(FLAG_SPECS)

@@ -150,8 +150,9 @@ class Engine:
         if grid is not None:
             if L.sp:
                 _flat_all_reduce([p.grad for n, p in self.params if self.specs[n].sync_tp], "sum", grid.tp)
-            if L.pp > 1 and (grid.first or grid.last) and self.model.family == "gpt2":
-                tied = [p.grad for n, p in self.params if n == "wte.weight"]
+            plan = self.model.plan
+            if L.pp > 1 and (grid.first or grid.last) and plan.tied_head:
+                tied = [p.grad for n, p in self.params if n == f"{plan.embedding}.weight"]
                 _flat_all_reduce(tied, "sum", grid.embedding)
             _flat_all_reduce([p.grad for _, p in self.params], "avg", grid.dp)
         # The norm: each piece of the full model counted once (replicated parts at their first holder, the tied

@@ -1,4 +1,5 @@
-"""Tensor-parallel layers (Megatron-style), each made from the full layer's weights by taking this rank's part.
+"""Tensor-parallel layers (Megatron-style), each made from the full layer's weights by taking this rank's part. The
+model files build their families' tensor-parallel attention and MLP (TPModule) from these.
 
     ColumnParallelLinear     output features split: replicated input (with SP: gathered along the sequence)
     RowParallelLinear        input features split: partial outputs summed (with SP: reduce-scattered)
@@ -88,6 +89,24 @@ class Spec:
 
 def _param(t):
     return nn.Parameter(F.clone(t.detach()))
+
+
+class TPModule(nn.Module):
+    """A block's attention or MLP with this rank's part of the full one's parameters; specs() says how each of its
+    parameters relates to the full tensor (checkpoint merging and gradient norms read it)."""
+
+    def specs(self):
+        return self._specs
+
+    def split_heads(self, cfg, region):
+        """This rank's query heads; key/value heads split like them when there are at least as many as ranks,
+        else all held (kv_heads 1 used: the kv_index-th)."""
+        tp, nkv = region.size, cfg.n_kv_head
+        self.region, self.hd = region, cfg.head_dim
+        self.heads = cfg.n_head // tp
+        self.split_kv = nkv % tp == 0
+        self.kv_heads = nkv // tp if self.split_kv else 1
+        self.kv_index = region.rank * nkv // tp
 
 
 class ColumnParallelLinear(nn.Module):

@@ -65,27 +65,16 @@ def make_layout(world, tp=1, pp=1, vpp=1, sp=False, schedule="1f1b"):
     return Layout(tp=tp, pp=pp, vpp=vpp, sp=bool(sp), dp=world // (tp * pp), schedule=schedule)
 
 
-def model_dims(config):
-    """(family, heads, kv heads, layers, MLP width or None, vocabulary rows) of a GPT-2, LLaMA 3 or Mixtral config
-    (Mixtral's experts are not split by width: whole experts go to the ranks)."""
-    name = type(config).__name__
-    if name == "GPT2Config":
-        return "gpt2", config.n_head, config.n_head, config.n_layer, 4 * config.n_embd, config.padded_vocab_size
-    if name == "LLaMA3Config":
-        return "llama3", config.n_head, config.n_kv_head, config.n_layer, config.hidden_dim, config.vocab_size
-    if name == "MixtralConfig":
-        if config.tie_word_embeddings:
-            raise LayoutError("tensor and pipeline parallelism for Mixtral need an untied output head")
-        return "mixtral", config.n_head, config.n_kv_head, config.n_layer, None, config.vocab_size
-    raise LayoutError(
-        "tensor and pipeline parallelism are implemented for GPT-2, LLaMA 3 and Mixtral, not "
-        f"{name.removesuffix('Config')}"
-    )
-
-
-def check_model(layout, config, sequence_length=None, microbatches=None):
-    """Refuses a layout the model cannot be split into (heads, MLP width or experts, vocabulary, layers, sequence)."""
-    family, heads, kv, layers, hidden, vocab = model_dims(config)
+def check_model(layout, plan, config, sequence_length=None, microbatches=None):
+    """Refuses a layout the model cannot be split into (heads, MLP width or experts, vocabulary, layers, sequence).
+    plan: the family's TensorParallelPlan (None: the family cannot be split)."""
+    if plan is None:
+        raise LayoutError(
+            f"tensor and pipeline parallelism are not implemented for {type(config).__name__.removesuffix('Config')} "
+            "(its family has no tensor-parallel plan)"
+        )
+    d = plan.dims(config)
+    heads, kv, layers, hidden, vocab = d.heads, d.kv_heads, d.layers, d.mlp_width, d.vocab_rows
     tp = layout.tp
     if tp > 1:
         if heads % tp:
@@ -97,9 +86,9 @@ def check_model(layout, config, sequence_length=None, microbatches=None):
             )
         if hidden is not None and hidden % tp:
             raise LayoutError(f"the MLP width {hidden} is not divisible by tensor_parallel={tp}")
-        if family == "mixtral" and config.num_experts % tp:
+        if d.experts and d.experts % tp:
             raise LayoutError(
-                f"num_experts={config.num_experts} is not divisible by tensor_parallel={tp}: each rank holds whole "
+                f"num_experts={d.experts} is not divisible by tensor_parallel={tp}: each rank holds whole "
                 "experts (expert parallel)"
             )
         if vocab < tp:
@@ -118,4 +107,3 @@ def check_model(layout, config, sequence_length=None, microbatches=None):
             f"the interleaved 1F1B schedule needs the micro-batches per step ({microbatches}: total_batch_size / "
             f"(batch_size x sequence_length x data-parallel size)) to be a multiple of pipeline_parallel={layout.pp}"
         )
-    return family

@@ -18,8 +18,7 @@ import sys
 
 import numpy as np
 
-from infinitrain.runs import read_metrics
-from infinitrain.tools import precision
+from infinitrain.runs import precision, read_metrics
 
 LOSS_TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-2}
 THROUGHPUT_TOLERANCE = 0.2

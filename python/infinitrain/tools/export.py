@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
+from infinitrain.models import registry
 from infinitrain.runs import read_checkpoint
-from infinitrain.tools import model_registry
 
 
 def newest_checkpoint(path):
@@ -36,7 +36,7 @@ def model_from_checkpoint(path, device="cpu"):
     cfg = meta.get("model_config")
     if not isinstance(cfg, dict) or "family" not in cfg:
         raise ValueError(f"{path}: the checkpoint does not record its model's config (saved by an older train CLI)")
-    model = model_registry.from_config(cfg["family"], cfg["fields"], device)
+    model = registry.from_config(cfg["family"], cfg["fields"], device)
     if meta.get("lora"):  # the adapters the checkpoint's weights include
         from infinitrain.models import lora
 
@@ -57,7 +57,7 @@ def export_llmc(model, meta, output, args):
     model = _merged(model)
     if not hasattr(model, "save_llmc"):
         raise ValueError(f"--format=llmc: llm.c files hold GPT-2 or LLaMA 3, not {type(model).__name__}")
-    if isinstance(model, model_registry.FAMILIES["llama3"].model_cls):
+    if isinstance(model, registry.FAMILIES["llama3"].model_cls):
         model.save_llmc(output, dtype=args.dtype, layout=args.layout)
     else:
         model.save_llmc(output, dtype=args.dtype)

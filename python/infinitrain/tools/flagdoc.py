@@ -3,7 +3,7 @@
 ./bazelw run //python:flagdoc > docs/train_flags.md
 """
 
-from infinitrain.tools import model_registry
+from infinitrain.models import registry
 from infinitrain.training import config
 
 PREAMBLE = """# Train flags
@@ -12,10 +12,10 @@ Generated from `RunConfig` (`python/infinitrain/training/config.py`) by `./bazel
 docs/train_flags.md`; `tests/test_training_api.py` fails when the two disagree. Every flag is also a `RunConfig`
 field of the same name, for Python:
 
-```python
+```python fragment
 from infinitrain.training import RunConfig, Trainer
 
-Trainer(RunConfig(model="gpt2-tiny", num_iteration=20)).fit()
+Trainer(RunConfig(model="gpt2-tiny", num_iteration=20)).fit()  # on the default corpus (downloaded once)
 ```
 
 Flags follow InfiniTrain's names; our earlier names are aliases. `--flagfile=FILE` reads flags from a file (one per
@@ -42,7 +42,7 @@ def render():
         lines.append("")
     lines.append(f"{len(config.flag_fields())} flags.")
     lines += ["", "## Model presets", "", "| --model | what |", "|---|---|"]
-    for line in model_registry.describe():
+    for line in registry.describe():
         name, what = line.split(": ", 1)
         lines.append(f"| `{name}` | {_cell(what)} |")
     return "\n".join(lines) + "\n"

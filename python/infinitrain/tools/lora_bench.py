@@ -60,7 +60,7 @@ def run(args, rank):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen3", choices=registry.MODEL_NAMES)
+    ap.add_argument("--model", default="qwen3", choices=list(registry.FAMILIES))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--n_layer", type=int, default=8)
     ap.add_argument("--n_head", type=int, default=8)
@@ -75,7 +75,7 @@ def main(argv=None):
     ap.add_argument("--lora_target_modules", default="")
     args = ap.parse_args(argv)
     full, adapted = run(args, 0), run(args, args.lora_rank)
-    targets = args.lora_target_modules or registry.DEFAULT_LORA_TARGETS[args.model]
+    targets = args.lora_target_modules or registry.FAMILIES[args.model].lora_targets
     print(
         f"{args.model}: {args.n_layer} layers, n_embd {args.n_embd}, vocab {args.vocab_size}, "
         f"batch {args.batch_size}x{args.sequence_length}, {full['total'] / 1e6:.1f}M parameters, "

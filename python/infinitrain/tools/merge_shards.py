@@ -10,15 +10,15 @@ import os
 import sys
 
 from infinitrain import checkpoint
+from infinitrain.models import registry
 from infinitrain.parallel import shards
-from infinitrain.tools import model_registry
 
 
 def full_model(meta, device="cpu"):
     cfg = meta.get("model_config")
     if not isinstance(cfg, dict) or "family" not in cfg:
         raise ValueError("the checkpoint does not record its model's config")
-    return model_registry.from_config(cfg["family"], cfg["fields"], device)
+    return registry.from_config(cfg["family"], cfg["fields"], device)
 
 
 def merge_file(path, output, llmc=""):

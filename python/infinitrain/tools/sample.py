@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from infinitrain.tools import model_registry
+from infinitrain.models import registry
 from infinitrain.tools.export import model_from_checkpoint
 from infinitrain.tools.prepare import load_tokenizer
 
@@ -32,7 +32,7 @@ def model_from_llmc(path, device="cpu"):
     magic = struct.unpack("<i", head)[0] if len(head) == 4 else None
     if magic not in LLMC_MAGICS:
         raise ValueError(f"--llmc_filepath={path}: not an llm.c model file (magic {magic})")
-    return model_registry.FAMILIES[LLMC_MAGICS[magic]].from_llmc(path, device)
+    return registry.FAMILIES[LLMC_MAGICS[magic]].from_llmc(path, device)
 
 
 def generate_text(model, *, prompt_ids, length, temperature, top_k, seed, num_samples=1):
@@ -73,9 +73,7 @@ def main(argv=None):
             model, meta = model_from_checkpoint(args.checkpoint, args.device)
             tok_spec = tok_spec or meta.get("tokenizer") or ""
         elif args.init_from:
-            from infinitrain.models import hf
-
-            model = hf.from_pretrained(args.init_from, args.device)
+            model = registry.from_pretrained(args.init_from, args.device)
         else:
             model = model_from_llmc(args.llmc_filepath, args.device)
         tok = enc = None

@@ -15,9 +15,8 @@ import math
 from dataclasses import dataclass, field
 
 from infinitrain.models import registry as models_registry
+from infinitrain.optim.schedule import STYLES
 from infinitrain.runs import METRICS_NAME, UsageError
-from infinitrain.tools import model_registry
-from infinitrain.tools.schedule import STYLES
 
 # The groups --help and docs/train_flags.md list the flags in, in this order.
 GROUPS = (
@@ -49,7 +48,7 @@ def _model_flag(name, group):
     return flag(default, help_text, group, lower=lower)
 
 
-_PRESETS = ", ".join(model_registry.names())
+_PRESETS = ", ".join(models_registry.names())
 
 
 @dataclass(frozen=True)

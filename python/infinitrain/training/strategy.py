@@ -15,9 +15,10 @@ Each strategy takes the run's global batches (B x rows of them: `rows`) and read
 import numpy as np
 
 import infinitrain as it
+from infinitrain import parallel
 from infinitrain.data.device import DeviceLoader
-from infinitrain.models import registry as models_registry
 from infinitrain.runs import UsageError
+from infinitrain.tensor import zeros
 from infinitrain.training import checkpoints
 
 
@@ -68,6 +69,14 @@ def _batches_per_epoch(loader):
     while not hasattr(inner, "batches_per_epoch"):  # a DeviceLoader or RankRows around the DataLoader
         inner = inner.loader
     return inner.batches_per_epoch
+
+
+def fill_missing_grads(params):
+    """Zero gradients for trainable parameters that got none this step (an expert no token was routed to), so
+    data-parallel all-reduces see the same tensors on every replica."""
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            p.grad = zeros(p.shape, dtype=p.dtype, device=p.device)
 
 
 def optimizer_choice(cfg):
@@ -164,7 +173,7 @@ class Local(Strategy):
     def _average_gradients(self):
         """All-reduces (averages) every parameter's gradient across the replicas, in place."""
         for p in self.params:  # an expert no token reached has no gradient; the all-reduce needs one
-            models_registry.fill_missing_grads(p)
+            fill_missing_grads(p)
         with it.distributed.group(self.comms[0].device):
             for m, comm in zip(self.models, self.comms, strict=True):
                 for p in m.parameters():
@@ -360,12 +369,11 @@ class ModelParallel(Strategy):
         return _device_loader(loader, self.devices), _device_loader(val_loader, self.devices)
 
     def build(self, spec, adapt):
-        from infinitrain import parallel
-
         full = spec.build(self.device)
         adapt(full)
         self.full = full
-        check_parallel_model(self.layout, full.config, self.cfg.sequence_length, self.accum)
+        tp_plan = spec.family.tensor_parallel
+        check_parallel_model(self.layout, tp_plan, full.config, self.cfg.sequence_length, self.accum)
         split = None
         if self.cfg.pipeline_split:
             try:
@@ -378,7 +386,7 @@ class ModelParallel(Strategy):
         grid = parallel.Grid(self.layout, self.device)
         try:
             model = parallel.ParallelModel(
-                full, self.layout, grid, split=split, sequence_length=self.cfg.sequence_length
+                full, self.layout, tp_plan, grid, split=split, sequence_length=self.cfg.sequence_length
             )
         except parallel.LayoutError as e:
             raise UsageError(f"--pipeline_split: {e}") from None
@@ -452,10 +460,9 @@ class ModelParallel(Strategy):
     stop_requested = DataParallel.stop_requested
 
 
-def check_parallel_model(layout, config, sequence_length, accum):
-    from infinitrain import parallel
-
+def check_parallel_model(layout, plan, config, sequence_length, accum):
+    """Refuses a layout the model cannot be split into, as a usage error (plan: its family's TensorParallelPlan)."""
     try:
-        parallel.check_model(layout, config, sequence_length, accum)
+        parallel.check_model(layout, plan, config, sequence_length, accum)
     except parallel.LayoutError as e:
         raise UsageError(f"{e} ({layout.describe()})") from None

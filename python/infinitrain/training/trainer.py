@@ -16,10 +16,13 @@ import time
 import numpy as np
 
 import infinitrain as it
-from infinitrain.data import ByteTokenizer, DataLoader, default_corpus, read_tokens_header
+from infinitrain import parallel
+from infinitrain.data import ByteTokenizer, DataLoader, HFTokenizer, Tokenizer, default_corpus, read_tokens_header
 from infinitrain.data.tokens import token_file_identity
 from infinitrain.models import lora
 from infinitrain.models import registry as models_registry
+from infinitrain.nn import recompute
+from infinitrain.optim.schedule import Schedule
 from infinitrain.parallel import shards as parallel_shards
 from infinitrain.runs import (
     METRICS_NAME,
@@ -30,9 +33,8 @@ from infinitrain.runs import (
     TrainError,
     UsageError,
     default_run_dir,
+    precision,
 )
-from infinitrain.tools import model_registry, precision, recompute
-from infinitrain.tools.schedule import Schedule
 from infinitrain.training import checkpoints, strategy
 from infinitrain.training.config import defaults
 
@@ -269,18 +271,21 @@ class Trainer:
             if getattr(cfg, name) and "vocab_size" in present:
                 raise UsageError(f"--vocab_size conflicts with --{name} (it fixes the vocabulary); drop it")
         # Shape flags given: ours default to None, the models' (--intermediate_size, ...) count when set.
-        shape = {k: getattr(cfg, k) for k in model_registry.SHAPE_FLAGS if getattr(cfg, k) is not None}
+        shape = {k: getattr(cfg, k) for k in models_registry.SHAPE_FLAGS if getattr(cfg, k) is not None}
         shape = {k: v for k, v in shape.items() if k in ("n_layer", "n_head", "n_kv_head", "n_embd") or k in present}
         try:
-            spec = model_registry.resolve(
+            spec = models_registry.resolve(
                 cfg.model, shape=shape, sequence_length=cfg.sequence_length, vocab_size=vocab, vocab_from=vocab_from,
                 llmc_filepath=cfg.llmc_filepath, token_kind=self.token_kind, init_from=cfg.init_from,
                 config_json=cfg.config_json, router_aux_loss_coef=cfg.router_aux_loss_coef,
             )  # fmt: skip
-        except model_registry.ModelChoiceError as e:
+        except models_registry.ModelChoiceError as e:
             raise UsageError(str(e)) from None
         if plan.layout and spec.fields:  # the layout against the model's shape, before anything is built
-            strategy.check_parallel_model(plan.layout, spec.family.config(spec.fields), cfg.sequence_length, plan.accum)
+            config = spec.family.config(spec.fields)
+            strategy.check_parallel_model(
+                plan.layout, spec.family.tensor_parallel, config, cfg.sequence_length, plan.accum
+            )
         lora_cfg = lora_settings(cfg, spec.family.name)
         try:
             st.build(spec, lambda m: apply_lora(m, spec.family.name, lora_cfg))
@@ -288,17 +293,17 @@ class Trainer:
             raise UsageError(" ".join(str(e).split())) from None
         model = st.full if isinstance(st, strategy.ModelParallel) else st.model
         self.family, self.n_params = spec.family.name, model.num_parameters()
-        self.model_config = model_registry.config_dict(model)
+        self.model_config = models_registry.config_dict(model)
         self._check_data_fits(spec, vocab_from)
         self.loader, self.val_loader = st.split_loaders(self.loader, self.val_loader)
         if cfg.activation_recompute:
-            if not spec.family.recompute_ok(st.model.config):
+            if not spec.family.can_recompute(st.model.config):
                 raise UsageError(
                     "--activation_recompute is not implemented for mixture-of-experts models (the router's balancing "
                     "loss is a side output of each block's forward)"
                 )
             for m in st.models:
-                recompute.enable(m, spec.family.blocks(m))
+                recompute.enable(m, spec.family.block_list(m))
 
     def _check_data_fits(self, spec, vocab_from):
         cfg, st = self.cfg, self.strategy
@@ -606,7 +611,7 @@ def resolve_data(cfg):
     tokenizer = None
     if cfg.tokenizer_bin:
         try:  # an llm.c tokenizer file, or a Hugging Face tokenizer.json
-            tokenizer = models_registry.load_tokenizer(cfg.tokenizer_bin)
+            tokenizer = load_tokenizer(cfg.tokenizer_bin)
         except (ValueError, OSError) as e:
             raise UsageError(f"--tokenizer_bin: {' '.join(str(e).split())}") from None
     if tokenizer is None and not cfg.input_bin:
@@ -616,6 +621,11 @@ def resolve_data(cfg):
     except (ValueError, OSError):
         kind = None  # open_tokens reports it
     return train_path, val_path, tokenizer, kind
+
+
+def load_tokenizer(path):
+    """A tokenizer for decoding samples: a Hugging Face tokenizer.json, or an llm.c tokenizer file."""
+    return HFTokenizer.load(path) if str(path).endswith(".json") else Tokenizer.load(path)
 
 
 def open_tokens(flag, path, batch_size, seq_len, **kw):
@@ -691,7 +701,7 @@ def check_lora_load_flags(cfg, family):
     for k in given:
         v = getattr(cfg, k)
         if k == "lora_target_modules":
-            v = v or models_registry.DEFAULT_LORA_TARGETS.get(family, "")
+            v = v or models_registry.FAMILIES[family].lora_targets
             v = sorted(p.strip() for p in v.split(",") if p.strip())
         elif k == "lora_rank":
             v = int(v)
@@ -752,8 +762,6 @@ def parse_range(text, flag):
 
 def parallel_layout(cfg, mp):
     """The layout the parallel flags ask for (None: no model parallelism), refused when it cannot work."""
-    from infinitrain import parallel
-
     tp, pp, vpp = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.virtual_pipeline_parallel
     sp = cfg.sequence_parallel
     if tp == 1 and pp == 1 and vpp == 1 and not sp:

@@ -1,7 +1,7 @@
 """torch.utils.checkpoint: run a function without keeping its activations, recomputing them in backward."""
 
+from infinitrain.nn import recompute
 from infinitrain.tensor import Tensor
-from infinitrain.tools import recompute
 
 
 def checkpoint(

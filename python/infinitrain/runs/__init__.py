@@ -213,7 +213,7 @@ class MetricsLog:
             raise UsageError(f"{flag}={path}: cannot open it: {e.strerror or e}") from None
         self.tb = None
         if tensorboard_dir:
-            from infinitrain.tools.tensorboard import SummaryWriter
+            from infinitrain.runs.tensorboard import SummaryWriter
 
             try:
                 self.tb = SummaryWriter(tensorboard_dir)
