@@ -16,7 +16,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "test_counts")
-TARGET = re.compile(r"^(//tests:\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)")
+TARGET = re.compile(r"^(//tests[/\w]*:\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|NO STATUS|FLAKY)")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 SKIP = re.compile(r"^SKIPPED \[(\d+)\] ([^:]+):\d+: (.*)$")
 
@@ -48,9 +48,9 @@ def main(argv):
     skips = collections.Counter()
     missing = []
     for target in targets:
-        name = target.split(":", 1)[1]
-        logs = []
-        for root, _, files in os.walk(os.path.join("bazel-testlogs", "tests", name)):
+        package, name = target[2:].split(":", 1)
+        logs = []  # one per shard of a sharded target
+        for root, _, files in os.walk(os.path.join("bazel-testlogs", package, name)):
             logs += [os.path.join(root, f) for f in files if f == "test.log"]
         if not logs:
             missing.append(name)

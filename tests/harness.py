@@ -5,7 +5,11 @@ The device comes from INFINITRAIN_TEST_DEVICE (set by `--config=<provider>`),
 passes them explicitly and says why.
 """
 
+import json
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 
@@ -83,3 +87,50 @@ def assert_close(actual, expected, dtype, rtol=None, atol=None, what=""):
     atol = a if atol is None else atol
     assert not np.isnan(got).any() or np.isnan(expected).any(), f"{what}: NaN in output (unwritten element?)"
     np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=what)
+
+
+def stat_dtype(dtype):
+    """The dtype kernels keep statistics in (means, variances, log-sum-exps, optimizer moments)."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+# ---- the train CLI in a child process ----
+
+
+def child_env(**extra):
+    """The environment of a child process: it imports what this process imports (the package and any provider
+    modules), relative paths are its working directory's (not `bazel run`'s caller's)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **extra)
+    env.pop("BUILD_WORKING_DIRECTORY", None)
+    return env
+
+
+def run_train(*flags, nproc=1, device=DEVICE, check=True, cwd=None, env_extra=None, timeout=300, program=None):
+    """The train CLI with `flags` on `device` (nproc > 1: that many processes under the launcher; program: a script
+    that is the CLI, as tests/models/test_model_family.py, instead of the module); returns the CompletedProcess.
+    check: a non-zero exit fails the test, with the output."""
+    launcher = ["-m", "infinitrain.run", f"--nproc_per_node={nproc}", "--master_port=0"] if nproc > 1 else []
+    entry = [program] if program else ["-m", "infinitrain.train"]
+    cmd = [sys.executable, *launcher, *entry, f"--device={device}", *flags]
+    env = child_env(**(env_extra or {}))
+    if nproc > 1:
+        env.setdefault("INFINITRAIN_CCL_TIMEOUT_S", "120")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
+    if check:
+        assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
+    return p
+
+
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) \| train loss (\S+) \| lr (\S+) \| norm (\S+) \|")
+
+
+def step_lines(stdout):
+    """step -> (train loss, lr, norm), as the CLI printed them (strings: equal runs print equal digits)."""
+    return {int(m.group(1)): m.group(3, 4, 5) for m in map(STEP_LINE.match, stdout.splitlines()) if m}
+
+
+def train_losses(metrics_path):
+    """The train losses of a metrics file's step records, in order."""
+    with open(metrics_path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r["train_loss"] for r in records if r.get("kind") == "step"]

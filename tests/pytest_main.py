@@ -19,5 +19,10 @@ if __name__ == "__main__":
         else:
             rest.append(arg)
     # -rs: the log lists every skipped test with its reason (.ci/run sums them up).
-    args = [target, "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(os.path.abspath(target))]
-    sys.exit(pytest.main(args + rest))
+    # The rootdir is tests/ (this file's folder), whose conftest.py every suite shares.
+    args = [target, "-q", "-rs", "-p", "no:cacheprovider", "--rootdir", os.path.dirname(os.path.abspath(__file__))]
+    code = pytest.main(args + rest)
+    # A shard may hold no tests of a small file: nothing collected is a pass there.
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED and int(os.environ.get("TEST_TOTAL_SHARDS", "1")) > 1:
+        code = 0
+    sys.exit(code)

@@ -38,7 +38,9 @@ for so in "$bin/backends/$provider/infinitrain_$provider.so" "$bin"/tests/fake_p
     [ -f "$so" ] && cp -L "$so" "$out/python/"
 done
 [ -f "$out/python/infinitrain_$provider.so" ] || { echo "no module infinitrain_$provider.so was built" >&2; exit 1; }
-cp tests/*.py "$out/tests/"
+(cd tests && find . -name "*.py" -o -name pytest.ini) | while read -r f; do
+    mkdir -p "$out/tests/$(dirname "$f")" && cp "tests/$f" "$out/tests/$f"
+done
 cp docs/ops.md "$out/docs/"
 cp README.md "$out/"  # the README example's test reads it
 cp -r examples "$out/"

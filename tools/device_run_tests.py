@@ -62,21 +62,26 @@ def main(argv):
     if argv and argv[0].startswith("--jobs="):
         jobs = int(argv[0].split("=", 1)[1])
         argv = argv[1:]
-    # A bare file name is a suite under tests/.
-    files = [a if os.sep in a else os.path.join(HERE, "tests", a) for a in argv if a.endswith(".py")]
+    # A bare file name is a suite in one of tests/'s folders.
+    suites = {}
+    for folder, _, names in os.walk(os.path.join(HERE, "tests")):
+        for n in names:
+            if n.startswith("test_") and n.endswith(".py"):
+                suites[n] = os.path.join(folder, n)
+    files = [a if os.sep in a else suites.get(a, os.path.join(HERE, "tests", a)) for a in argv if a.endswith(".py")]
     missing = [f for f in files if not os.path.isfile(os.path.join(HERE, f))]
     if missing:
         sys.exit(f"no such test file: {', '.join(missing)}")
     rest = [a for a in argv if not a.endswith(".py")]
     if not files:
-        tests = os.path.join(HERE, "tests")
-        files = sorted(os.path.join(tests, f) for f in os.listdir(tests) if f.startswith("test_") and f.endswith(".py"))
+        files = sorted(suites.values())
     env = environment()
     skip = left_out()
     for name, why in sorted(skip.items()):
         print(f"left out {name}: {why}")
     files = [f for f in files if os.path.basename(f) not in skip]
-    rest += [f"--deselect=tests/{name}" for name in skip if "::" in name]
+    rest += [f"--deselect={os.path.relpath(suites[name.split('::')[0]], HERE)}::{name.split('::', 1)[1]}"
+             for name in skip if "::" in name and name.split("::")[0] in suites]  # fmt: skip
     if jobs <= 1:
         return subprocess.call([sys.executable, "-m", "pytest", *files, *PYTEST_ARGS, *rest], cwd=HERE, env=env)
     logs = os.path.join(HERE, "logs")

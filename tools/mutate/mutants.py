@@ -18,17 +18,22 @@ class Mutant(NamedTuple):
         return "cpp" if self.path.endswith((".cc", ".h")) else "py"
 
 
-MODELS = ("tests/test_model_reference.py", "tests/test_llmc_files.py", "tests/test_models.py")
-TRAIN = ("tests/test_train.py", "tests/test_train_flags.py", "tests/test_train_flag_effects.py")
-NN = ("tests/test_nn_optim.py", "tests/test_autograd.py", "tests/test_model_reference.py", "tests/test_models.py")
-DATA = ("tests/test_data.py", "tests/test_llmc_files.py")
+MODELS = ("tests/models/test_model_reference.py", "tests/io/test_llmc_files.py", "tests/models/test_models.py")
+TRAIN = ("tests/train/test_train.py", "tests/train/test_train_flags.py", "tests/train/test_train_flag_effects.py")
+NN = (
+    "tests/core/test_nn_optim.py",
+    "tests/core/test_autograd.py",
+    "tests/models/test_model_reference.py",
+    "tests/models/test_models.py",
+)
+DATA = ("tests/io/test_data.py", "tests/io/test_llmc_files.py")
 
 
 def ops(*files):
     """An op suite plus the extreme-input suite and the model references (the kernels under a model)."""
-    return tuple(f"tests/test_ops_{f}.py" for f in files) + (
-        "tests/test_ops_extreme.py",
-        "tests/test_model_reference.py",
+    return tuple(f"tests/ops/test_ops_{f}.py" for f in files) + (
+        "tests/ops/test_ops_extreme.py",
+        "tests/models/test_model_reference.py",
     )
 
 
@@ -124,7 +129,7 @@ MUTANTS = [
         "last = np.where(last < kth, -np.inf, last)",
         "last = np.where(last <= kth, -np.inf, last)",
         "top-k keeps k - 1 tokens",
-        ("tests/test_models.py", "tests/test_train_flags.py"),
+        ("tests/models/test_models.py", "tests/train/test_train_flags.py"),
     ),
     Mutant(
         "P9",
@@ -132,7 +137,7 @@ MUTANTS = [
         "last = last / temperature",
         "last = last",
         "sampling temperature ignored",
-        ("tests/test_models.py", "tests/test_train_flags.py"),
+        ("tests/models/test_models.py", "tests/train/test_train_flags.py"),
     ),
     # ---- train CLI ----
     Mutant(
@@ -231,7 +236,7 @@ MUTANTS = [
         "return min_lr + coeff * (max_lr - min_lr)",
         "return coeff * max_lr",
         "cosine schedule decays to 0, not to the minimum",
-        ("tests/test_nn_optim.py",) + TRAIN,
+        ("tests/core/test_nn_optim.py",) + TRAIN,
     ),
     Mutant(
         "P23",
@@ -263,7 +268,7 @@ MUTANTS = [
         "sole = _STEAL and sys.getrefcount(g) == 2 and",
         "sole = _STEAL and",
         "autograd hands a gradient that other inputs share to a leaf's .grad without copying it",
-        ("tests/test_autograd.py",),
+        ("tests/core/test_autograd.py",),
     ),
     Mutant(
         "P27",
@@ -271,7 +276,7 @@ MUTANTS = [
         "sys.getrefcount(g) == 2 and sys.getrefcount(g._t) == 2 and",
         "sys.getrefcount(g) == 2 and",
         "autograd hands a leaf a gradient whose native tensor another wrapper still holds",
-        ("tests/test_autograd.py",),
+        ("tests/core/test_autograd.py",),
     ),
     Mutant(
         "P28",
@@ -279,7 +284,7 @@ MUTANTS = [
         "[g._t, xd._t], [int(want_b)]",
         "[g._t, xd._t], [0]",
         "linear's backward never asks linear_weight_grad for the bias gradient",
-        ("tests/test_autograd.py", "tests/test_models.py"),
+        ("tests/core/test_autograd.py", "tests/models/test_models.py"),
     ),
     # ---- kernels ----
     Mutant(
@@ -449,7 +454,7 @@ MUTANTS = [
         "std::sqrt(vi / c.bc2)",
         "std::sqrt(vi)",
         "AdamW without the second moment's bias correction",
-        ("tests/test_ops_optim.py", "tests/test_nn_optim.py"),
+        ("tests/ops/test_ops_optim.py", "tests/core/test_nn_optim.py"),
     ),
     Mutant(
         "K22",
@@ -481,7 +486,7 @@ MUTANTS = [
         'if (ctx.i(0)) RunKernelOf("sum", ctx, {g2}',
         'if (ctx.i(0) && g2.numel() < 0) RunKernelOf("sum", ctx, {g2}',
         "linear_weight_grad leaves dbias unwritten",
-        ops("gemm") + ("tests/test_autograd.py",),
+        ops("gemm") + ("tests/core/test_autograd.py",),
     ),
     Mutant(
         "K27",
@@ -497,7 +502,7 @@ MUTANTS = [
         "Store(dxp + r * c + j, v + Load(rr + j));",
         "Store(dxp + r * c + j, v);",
         "the norms' backward drops the residual gradient",
-        ops("norm") + ("tests/test_autograd.py",),
+        ops("norm") + ("tests/core/test_autograd.py",),
     ),
     Mutant(
         "K24",
@@ -505,6 +510,6 @@ MUTANTS = [
         "std::min(n, b + chunk)",
         "std::min(n - 1, b + chunk)",
         "foreach ops (ForeachPieces) leave out every tensor's last element",
-        ("tests/test_ops_optim.py",),
+        ("tests/ops/test_ops_optim.py",),
     ),
 ]

@@ -9,7 +9,7 @@ from infinitrain.training import config
 PREAMBLE = """# Train flags
 
 Generated from `RunConfig` (`python/infinitrain/training/config.py`) by `./bazelw run //python:flagdoc >
-docs/train_flags.md`; `tests/test_training_api.py` fails when the two disagree. Every flag is also a `RunConfig`
+docs/train_flags.md`; `tests/train/test_training_api.py` fails when the two disagree. Every flag is also a `RunConfig`
 field of the same name, for Python:
 
 ```python fragment

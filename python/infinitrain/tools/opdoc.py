@@ -8,7 +8,7 @@ from infinitrain import _C
 PREAMBLE = """# The op contract
 
 Generated from the op table in `infinitrain/op_table.cc` by `./bazelw run //python:opdoc > docs/ops.md`;
-`tests/test_op_table.py` fails when this file and the table disagree.
+`tests/ops/test_op_table.py` fails when this file and the table disagree.
 
 - **Schema**: `name(inputs; attributes) -> outputs`. An input ending in `?` is
   optional, `...` variadic, `!` written in place (`xs!...`: every tensor from

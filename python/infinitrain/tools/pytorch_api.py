@@ -734,7 +734,7 @@ def render(rows):
         "- **missing**: not there.",
         "",
         "Behaviour (values, dtypes, broadcasting, gradients) is tested by the shared suites against float64 NumPy "
-        "(tests/test_pytorch_api.py and the op suites), on every provider.",
+        "(tests/core/test_pytorch_api.py and the op suites), on every provider.",
         "",
         f"**Coverage: {count['present']} of {total} present ({100.0 * count['present'] / total:.1f}%), "
         f"{count['differs']} differ, {count['missing']} missing.**",

@@ -19,7 +19,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _wheel():
     # Under Bazel the wheel is a data dependency (runfiles: python/...); under plain pytest, bazel-bin's.
-    for pattern in ("python/infinitrain-*.whl", os.path.join(_HERE, "..", "bazel-bin", "python", "infinitrain-*.whl")):
+    for pattern in (
+        "python/infinitrain-*.whl",
+        os.path.join(_HERE, "..", "..", "bazel-bin", "python", "infinitrain-*.whl"),
+    ):
         found = sorted(glob.glob(pattern))
         if found:
             return os.path.abspath(found[-1])

@@ -12,14 +12,14 @@ import sys
 
 import numpy as np
 
-from harness import DEVICE, repo_file
+from harness import DEVICE, child_env, repo_file, run_train, train_losses
 
 TYPE = DEVICE.split(":")[0]
 MATRIX = "examples/parallel/run_matrix.json"
 
 
 def _env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), INFINITRAIN_CCL_TIMEOUT_S="120")
+    return child_env(INFINITRAIN_CCL_TIMEOUT_S="120")
 
 
 def _tokens(tmp_path):
@@ -34,16 +34,8 @@ def _tokens(tmp_path):
 def _cli(tmp_path, name, n, *flags, ok=True):
     """The train CLI (n > 1: under the launcher); returns (train losses, the CompletedProcess)."""
     metrics = tmp_path / f"{name}.jsonl"
-    launcher = ["-m", "infinitrain.run", f"--nproc_per_node={n}", "--master_port=0"] if n > 1 else []
-    cmd = [sys.executable, *launcher, "-m", "infinitrain.train", *flags, f"--metrics_file={metrics}"]
-    cmd.append(f"--device={TYPE}")
-    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    if not ok:
-        return None, p
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
-    with open(metrics) as f:
-        steps = [json.loads(line) for line in f]
-    return [r["train_loss"] for r in steps if r["kind"] == "step"], p
+    p = run_train(*flags, f"--metrics_file={metrics}", nproc=n, device=TYPE, cwd=tmp_path, check=ok)
+    return (train_losses(metrics) if ok else None), p
 
 
 def test_run_matrix_fp32(tmp_path):

@@ -3,14 +3,10 @@
 import numpy as np
 import pytest
 
-from harness import assert_close, randn, rng, round_to, run, to_device
+from harness import assert_close, randn, rng, round_to, run, stat_dtype, to_device
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 IGNORE = -100
-
-
-def stat_dtype(dtype):
-    return "float64" if dtype == "float64" else "float32"
 
 
 def ref_lse(x):

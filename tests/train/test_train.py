@@ -3,30 +3,17 @@ simulated crash, refusal of corrupt checkpoints, and clear errors for bad flags.
 
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from harness import DEVICE, rng
+from harness import DEVICE, rng, run_train
 from infinitrain import _C, backends
 from infinitrain.data import write_tokens
 
 STEP = re.compile(
     r"^step (\d+)/(\d+) \| train loss ([0-9.]+) \| lr \S+ \| norm \S+ \| \S+ ms \| \d+ tok/s \| mem \S+ MiB$"
 )
-
-
-def run_train(*flags, check=True, env_extra=None, device=DEVICE):
-    # The child sees what this process sees: the package and any provider modules.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env_extra or {}))
-    env.pop("BUILD_WORKING_DIRECTORY", None)
-    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={device}", *flags]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert p.returncode == 0, p.stdout + p.stderr
-    return p
 
 
 def losses(stdout):

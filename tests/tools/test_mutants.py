@@ -2,7 +2,7 @@
 in its file and every test file it names exists, so a refactoring that moves the code a mutant targets fails here,
 in the suite, instead of leaving the mutant out of the next mutation report.
 
-The files are read from the checkout this file lives in (the Bazel target, //tests:test_mutants from the tests/
+The files are read from the checkout this file lives in (the Bazel target, //tests/tools:test_mutants from the tests/
 glob, reaches it through its runfiles link; the kernels' package does not export its sources as data). So Bazel
 reruns it when this file, the package's Python or the core library changes, not for a change to mutants.py or a
 test file alone: mutate.py makes the same checks itself and exits 1 on an invalid mutant.
@@ -17,7 +17,7 @@ MUTANTS_PY = os.path.join("tools", "mutate", "mutants.py")
 
 
 def _root():
-    base = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    base = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # tests/tools/ -> the root
     if not os.path.isfile(os.path.join(base, MUTANTS_PY)):
         pytest.fail(f"{MUTANTS_PY} is not beside this file's tests/ (in {base})")
     return base
@@ -66,5 +66,9 @@ def test_train_mutants_run_the_flag_effect_suites():
     train_mutants = [m for m in MUTANTS if m.path.startswith("python/infinitrain/training/")]
     assert train_mutants
     for m in train_mutants:
-        for suite in ("tests/test_train.py", "tests/test_train_flags.py", "tests/test_train_flag_effects.py"):
+        for suite in (
+            "tests/train/test_train.py",
+            "tests/train/test_train_flags.py",
+            "tests/train/test_train_flag_effects.py",
+        ):
             assert suite in m.tests, f"{m.id} does not run {suite}"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import infinitrain as it
-from harness import DEVICE, rng
+from harness import DEVICE, rng, run_train
 from infinitrain.data import DataLoader, read_tokens, write_tokens
 from infinitrain.models import registry as R
 from infinitrain.nn import recompute
@@ -58,16 +58,6 @@ LLAMA3_FLAGS = """# LLaMA3 training defaults. CLI options after --flagfile overr
 --save_optimizer_state=true
 --profile_name=llama3
 """
-
-
-def run_train(*flags, check=True, cwd=None):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    env.pop("BUILD_WORKING_DIRECTORY", None)
-    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", *flags]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=cwd)
-    if check:
-        assert p.returncode == 0, p.stdout + p.stderr
-    return p
 
 
 class Result:
@@ -145,7 +135,7 @@ def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path, c
     flagfile.write_text("--model=gpt2\n--learning_rate_typo=0.1\n")
     one_line_error(run_in_process(capsys, *base, f"--flagfile={flagfile}"), "learning_rate_typo")
     for flag, needle in (
-        # Model parallelism needs processes (tests/test_parallel_cli.py runs it under the launcher).
+        # Model parallelism needs processes (tests/distributed/test_parallel_cli.py runs it under the launcher).
         ("--tensor_parallel=2", "splits the model across processes: start the run with python -m infinitrain.run"),
         ("--zero_stage=1", "shards across processes: start the run with python -m infinitrain.run"),
         ("--sequence_parallel", "splits the model across processes"),

@@ -4,13 +4,9 @@
 import numpy as np
 import pytest
 
-from harness import assert_close, randn, rng, round_to, run, to_device
+from harness import assert_close, randn, rng, round_to, run, stat_dtype, to_device
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def stat_dtype(dtype):
-    return "float64" if dtype == "float64" else "float32"
 
 
 # ---- softmax / log_softmax ---------------------------------------------------

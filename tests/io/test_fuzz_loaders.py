@@ -9,7 +9,7 @@ header). Each mutant is loaded in a child process whose address space is capped 
 has a time limit; the bar: no signal, no hang, no absurd allocation (MemoryError under the cap), and nothing
 but ValueError (with a message) from a loader.
 
-    PYTHONPATH=python:tests .venv/bin/python tests/test_fuzz_loaders.py --count=10000   # the long mode
+    PYTHONPATH=python:tests .venv/bin/python tests/io/test_fuzz_loaders.py --count=10000   # the long mode
 """
 
 import argparse

@@ -8,14 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from harness import DEVICE, assert_close, randn, rng, round_to, run, to_device
+from harness import DEVICE, assert_close, randn, rng, round_to, run, stat_dtype, to_device
 from infinitrain import _C
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def stat_dtype(dtype):
-    return "float64" if dtype == "float64" else "float32"
 
 
 def ref_adamw_step(p, g, m, v, lr, b1, b2, eps, wd, step):

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from harness import DEVICE, rng
+from harness import DEVICE, child_env, rng, run_train, step_lines
 from infinitrain import checkpoint
 from infinitrain.data import ByteTokenizer, write_tokens
 
@@ -25,25 +25,12 @@ TINY_RUN = ["--sequence_length=16", "--batch_size=4", "--sample_every=0"]
 TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", *TINY_RUN]
 
 
-def env():
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    e.pop("BUILD_WORKING_DIRECTORY", None)
-    return e
-
-
 def command(*flags):
     return [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", *flags]
 
 
-def run_train(*flags, check=True):
-    p = subprocess.run(command(*flags), capture_output=True, text=True, env=env(), timeout=300)
-    if check:
-        assert p.returncode == 0, p.stdout + p.stderr
-    return p
-
-
 def losses(stdout):
-    return {int(m.group(1)): m.group(3) for m in map(STEP.match, stdout.splitlines()) if m}
+    return {s: line[0] for s, line in step_lines(stdout).items()}
 
 
 def assert_one_line_error(p, *needles, status=None):
@@ -66,7 +53,7 @@ def corpus(tmp_path):
 
 def start_train(*flags):
     return subprocess.Popen(
-        command(*flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), bufsize=1
+        command(*flags), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), bufsize=1
     )
 
 

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from harness import DEVICE
+from harness import DEVICE, run_train, train_losses
 
 TYPE = DEVICE.split(":")[0]
 
@@ -221,15 +221,8 @@ def test_zero_equals_one_process_and_reshards_its_checkpoint(tmp_path, stage):
 def _cli(tmp_path, name, n, *flags):
     """The train CLI (n > 1: under the launcher); returns the train losses of its metrics file."""
     metrics = tmp_path / f"{name}.jsonl"
-    launcher = ["-m", "infinitrain.run", f"--nproc_per_node={n}", "--master_port=0"] if n > 1 else []
-    cmd = [sys.executable, *launcher, "-m", "infinitrain.train", *flags, f"--metrics_file={metrics}"]
-    cmd.append(f"--device={TYPE}")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
-    with open(metrics) as f:
-        steps = [json.loads(line) for line in f]
-    return [r["train_loss"] for r in steps if r["kind"] == "step"], p.stdout
+    p = run_train(*flags, f"--metrics_file={metrics}", nproc=n, device=TYPE, cwd=tmp_path)
+    return train_losses(metrics), p.stdout
 
 
 @pytest.mark.parametrize("zero", [0, 1, 2])

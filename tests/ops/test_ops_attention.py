@@ -6,15 +6,11 @@ import numpy as np
 import pytest
 
 import infinitrain as it
-from harness import DEVICE, TOL, assert_close, randn, rng, round_to, run, to_device
+from harness import DEVICE, TOL, assert_close, randn, rng, round_to, run, stat_dtype, to_device
 from infinitrain import functional as F
 from infinitrain.tools.conformance_specs import ATTENTION_16
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def stat_dtype(dtype):
-    return "float64" if dtype == "float64" else "float32"
 
 
 # ---- rope --------------------------------------------------------------------

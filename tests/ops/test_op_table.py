@@ -7,23 +7,15 @@ import inspect
 import os
 import re
 
+from harness import repo_file
 from infinitrain import _C
 from infinitrain.tools import opdoc
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _repo_file(*parts):
-    # Under Bazel the docs travel as data next to the tests; from a checkout they sit one level up.
-    for base in (os.path.join(HERE, ".."), os.environ.get("TEST_SRCDIR", "") + "/infinitrain"):
-        p = os.path.join(base, *parts)
-        if os.path.exists(p):
-            return p
-    raise FileNotFoundError(os.path.join(*parts))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, whose folders hold the suites
 
 
 def test_docs_match_table():
-    with open(_repo_file("docs", "ops.md")) as f:
+    with open(repo_file("docs/ops.md")) as f:
         assert f.read() == opdoc.render(), "docs/ops.md is stale: ./bazelw run //python:opdoc > docs/ops.md"
 
 
@@ -34,10 +26,11 @@ def test_every_op_has_a_cpu_kernel():
 
 def test_every_op_is_exercised_by_a_test():
     text = ""
-    for name in os.listdir(HERE):
-        if name.startswith("test_") and name.endswith(".py") and name != "test_op_table.py":
-            with open(os.path.join(HERE, name)) as f:
-                text += f.read()
+    for folder, _, files in os.walk(TESTS):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py") and name != "test_op_table.py":
+                with open(os.path.join(folder, name)) as f:
+                    text += f.read()
     untested = [o["name"] for o in _C.ops() if not re.search(r"[\"']" + re.escape(o["name"]) + r"[\"']", text)]
     assert not untested, f"ops that no test names: {untested}"
 
@@ -87,13 +80,15 @@ def exercised_dtypes():
     when it loops over them."""
     ops = {o["name"] for o in _C.ops()}
     seen = set()
-    for name in sorted(os.listdir(HERE)):
+    paths = sorted(os.path.join(d, n) for d, _, names in os.walk(TESTS) for n in names)
+    for path in paths:
+        name = os.path.basename(path)
         if not (name.startswith("test_") and name.endswith(".py")) or name == "test_op_table.py":
             continue
-        with open(os.path.join(HERE, name)) as f:
+        with open(path) as f:
             if not re.search(r"^from harness import .*\brun\b", f.read(), re.M):
                 continue  # not an op suite (they run ops through harness.run)
-        spec = importlib.util.spec_from_file_location(f"_optable_{name[:-3]}", os.path.join(HERE, name))
+        spec = importlib.util.spec_from_file_location(f"_optable_{name[:-3]}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         for fname, fn in vars(module).items():

@@ -5,12 +5,11 @@ are compared with float64 NumPy references or with AdamW's formula."""
 import math
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+import harness
 import numpy_models as ref
 from harness import DEVICE, rng
 from infinitrain.data import DataLoader
@@ -19,25 +18,15 @@ from infinitrain.runs import read_checkpoint
 V, C, NH, L, MAXT = 61, 32, 4, 2, 16
 T, B = 8, 4
 BETA1 = 0.9  # the CLI's AdamW betas are (0.9, 0.95)
-STEP = re.compile(r"^step (\d+)/(\d+) \| train loss (\S+) \| lr (\S+) \| norm (\S+) \|")
 
 
 def run_train(*flags, check=True):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    env.pop("BUILD_WORKING_DIRECTORY", None)
-    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", "--sample_every=0", *flags]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-    if check:
-        assert p.returncode == 0, p.stdout + p.stderr
-    return p
+    return harness.run_train("--sample_every=0", *flags, check=check)
 
 
 def steps(stdout):
     """step -> (loss, lr, norm) as printed."""
-    out = {}
-    for m in map(STEP.match, stdout.splitlines()):
-        if m:
-            out[int(m.group(1))] = tuple(float(m.group(k)) for k in (3, 4, 5))
+    out = {s: tuple(float(v) for v in line) for s, line in harness.step_lines(stdout).items()}
     return out
 
 

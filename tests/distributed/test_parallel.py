@@ -20,6 +20,9 @@ from harness import DEVICE
 from infinitrain.models import registry
 from infinitrain.models.qwen3 import Qwen3Config
 
+# Sharded by world size (tests/BUILD.bazel): each shard launches the world sizes of its tests.
+pytestmark = pytest.mark.shard_by("n")
+
 TYPE = DEVICE.split(":")[0]
 STEPS, T, GLOBAL_B, MICRO = 10, 16, 4, 4
 
@@ -230,19 +233,27 @@ def _launch(tmp, n, runs, seeds):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{world size: [per-rank results]}, and the references, from one launch per world size."""
+    """runs[n]: the per-rank results of one launch of world size n (1: the single-device references), launched
+    when a test first needs it, so a shard runs only the world sizes of its tests."""
     g = np.random.default_rng()
     seeds = {"TEST_SEED": int(g.integers(1 << 20)), "TEST_DATA_SEED": int(g.integers(1 << 20))}
     tmp = tmp_path_factory.mktemp("parallel")
-    out = {}
     ref_runs = [{"name": d, "model": m, "dtype": d} for d in ("float32", "bfloat16") for m in MODELS]
     ref_runs += [{"name": "float32", "model": "mixtral"}, {"name": "float32-dp2", "model": "mixtral", "replicas": 2}]
-    out[1] = _launch(tmp, 1, ref_runs, seeds)
-    for n, layouts in LAYOUTS.items():
-        items = [dict(layout, name=name, model=m) for name, layout in layouts.items() for m in _models(layout)]
-        out[n] = _launch(tmp, n, items, seeds)
-    out["tmp"] = tmp
-    return out
+
+    class Launches(dict):
+        def __missing__(self, n):
+            if n == "tmp":
+                return tmp
+            if n == 1:
+                self[1] = _launch(tmp, 1, ref_runs, seeds)
+            else:
+                layouts = LAYOUTS[n]
+                items = [dict(layout, name=name, model=m) for name, layout in layouts.items() for m in _models(layout)]
+                self[n] = _launch(tmp, n, items, seeds)
+            return self[n]
+
+    return Launches()
 
 
 @pytest.mark.parametrize("n,name,model", CASES, ids=[f"{name}-{model}" for _, name, model in CASES])
@@ -266,6 +277,7 @@ def test_expert_parallel_shards_merge_into_the_single_device_state(runs, n, name
     from infinitrain.parallel import shards
 
     ref = runs[1][0]["float32/mixtral"]
+    assert runs[n]  # the launch of this world size wrote the shards
     want = np.load(runs["tmp"] / "world1.mixtral.npz")
     model, optim = shards.merge(str(runs["tmp"] / f"world{n}.{name}-mixtral.ckpt"), ref["names"])
     assert sorted(model) == sorted(ref["names"]) and any(".mlp.experts.3." in k for k in model)

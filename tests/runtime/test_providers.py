@@ -12,7 +12,8 @@ import pytest
 from infinitrain import backends
 
 pytestmark = pytest.mark.skipif(
-    "fake" not in backends.available(), reason="needs the test-only providers: bazel test //tests:test_providers"
+    "fake" not in backends.available(),
+    reason="needs the test-only providers: bazel test //tests/runtime:test_providers",
 )
 
 

@@ -1,14 +1,13 @@
 """The CLIs around training: prepare (text -> llm.c token files), sample (text from a checkpoint or llm.c
 model) and export (checkpoint -> llm.c model file), end to end with the train CLI."""
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from harness import DEVICE, rng
+from harness import child_env, rng, run_train
 from infinitrain.data import ByteTokenizer, Tokenizer, read_tokens
 from infinitrain.data.tokenizer import TOKENIZER_MAGIC_GPT2
 from infinitrain.models import GPT2, from_pretrained
@@ -18,15 +17,9 @@ from infinitrain.tools.export import model_from_checkpoint
 from infinitrain.tools.prepare import LongestMatchEncoder
 
 
-def env():
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    e.pop("BUILD_WORKING_DIRECTORY", None)
-    return e
-
-
 def tool(name, *args, check=True):
     cmd = [sys.executable, "-m", f"infinitrain.{name}", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300)
     if check:
         assert p.returncode == 0, p.stdout + p.stderr
     return p
@@ -91,10 +84,7 @@ def trained(tmp_path_factory):
     tool("tools.prepare", f"--input={d / 'text.txt'}", f"--output_dir={d}")
     flags = [f"--input_bin={d / 'text_train.bin'}", f"--tokenizer_bin={d / 'byte_tokenizer.bin'}", "--num_iteration=2"]
     flags += ["--model=gpt2", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sequence_length=16", "--batch_size=4"]
-    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", *flags, f"--save={d / 'run'}"]
-    cmd += ["--freq_generate_txt=0"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
+    run_train(*flags, f"--save={d / 'run'}", "--freq_generate_txt=0")
     return d
 
 

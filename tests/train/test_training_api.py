@@ -4,9 +4,6 @@ group."""
 
 import dataclasses
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,14 +23,7 @@ def tokens(tmp_path):
     return str(path)
 
 
-def _cli(*flags):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    env.pop("BUILD_WORKING_DIRECTORY", None)
-    cmd = [sys.executable, "-m", "infinitrain.train", *flags]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-
-
-def test_python_api_trains_the_run_the_cli_trains(tokens, tmp_path):
+def test_python_api_trains_the_run_the_cli_trains(run_train, tokens, tmp_path):
     """Five lines of Python and the CLI with the same settings give the same losses, norms and rates, bit for bit."""
     run = dict(SMALL, input_bin=tokens, num_iteration=4, total_batch_size=128, val_loss_every=2, device=DEVICE)
     run.update(freq_generate_txt=0, learning_rate=float(rng().uniform(1e-3, 3e-3)))
@@ -41,8 +31,7 @@ def test_python_api_trains_the_run_the_cli_trains(tokens, tmp_path):
     assert Trainer(cfg).fit() == 0
 
     flags = [f"--{k}={v}" for k, v in run.items()]
-    p = _cli(*flags, f"--metrics_file={tmp_path / 'cli.jsonl'}")
-    assert p.returncode == 0, p.stdout + p.stderr
+    run_train(*flags, f"--metrics_file={tmp_path / 'cli.jsonl'}")
     (api_cfg, api), (cli_cfg, cli) = read_metrics(tmp_path / "api.jsonl"), read_metrics(tmp_path / "cli.jsonl")
     assert sorted(api) == [1, 2, 3, 4] and api_cfg["accumulation"] == 2
     for s in api:
@@ -112,8 +101,8 @@ def test_a_strategy_is_where_each_step_happens(tokens, tmp_path):
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
-def test_help_lists_every_flag_by_group(flag):
-    p = _cli(flag)
+def test_help_lists_every_flag_by_group(run_train, flag):
+    p = run_train(flag)
     assert p.returncode == 0, p.stderr
     out = p.stdout
     titles = [title for _, title in config.GROUPS]

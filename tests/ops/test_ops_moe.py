@@ -1,5 +1,5 @@
-"""The MoE backward ops in float16 (tests/test_moe.py runs them in the other dtypes) against float64 NumPy, and the
-routing ops where the thread split matters (many tokens)."""
+"""The MoE backward ops in float16 (tests/models/test_moe.py runs them in the other dtypes) against float64 NumPy, and
+the routing ops where the thread split matters (many tokens)."""
 
 import numpy as np
 import pytest

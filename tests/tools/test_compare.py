@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import infinitrain as it
-from harness import DEVICE, rng
+from harness import DEVICE, child_env, rng, run_train
 from infinitrain.data import write_tokens
 from infinitrain.runs import read_metrics
 from infinitrain.tools import compare as C
@@ -21,22 +21,13 @@ TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--vocab_size=64", "--sequen
 TINY += ["--freq_generate_txt=0", "--lr_warmup_iters=1"]
 
 
-def env():
-    e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    e.pop("BUILD_WORKING_DIRECTORY", None)
-    return e
-
-
 def train(*flags, device=DEVICE):
-    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={device}", *flags]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return p
+    return run_train(*flags, device=device)
 
 
 def compare_cli(*args):
     cmd = [sys.executable, "-m", "infinitrain.tools.compare", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300)
 
 
 def png_size(path):

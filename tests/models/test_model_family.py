@@ -6,14 +6,11 @@ train CLI (`python test_model_family.py --model=toy ...`)."""
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from harness import DEVICE
 from infinitrain import functional as F
 from infinitrain import nn
 from infinitrain.models import registry
@@ -148,16 +145,12 @@ FAMILY = Family(
 
 FLAGS = ["--model=toy", "--n_layer=2", "--n_embd=32", "--n_head=2", "--vocab_size=64", "--sequence_length=16"]
 FLAGS += ["--batch_size=2", "--total_batch_size=128", "--num_iteration=5", "--learning_rate=3e-3"]
-FLAGS += ["--lr_warmup_iters=1", "--val_loss_every=0", "--freq_generate_txt=0", f"--device={DEVICE.split(':')[0]}"]
+FLAGS += ["--lr_warmup_iters=1", "--val_loss_every=0", "--freq_generate_txt=0"]
 
 
-def _train(tmp_path, name, n, *flags):
+def _train(run_train, tmp_path, name, n, *flags):
     metrics = tmp_path / f"{name}.jsonl"
-    launcher = ["-m", "infinitrain.run", f"--nproc_per_node={n}", "--master_port=0"] if n > 1 else []
-    cmd = [sys.executable, *launcher, os.path.abspath(__file__), *FLAGS, *flags, f"--metrics_file={metrics}"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), INFINITRAIN_CCL_TIMEOUT_S="120")
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    p = run_train(*FLAGS, *flags, f"--metrics_file={metrics}", nproc=n, cwd=tmp_path, program=os.path.abspath(__file__))
     with open(metrics) as f:
         records = [json.loads(line) for line in f]
     return records[0], [r["train_loss"] for r in records if r["kind"] == "step"], p.stdout
@@ -172,12 +165,12 @@ def tokens(tmp_path):
     return str(path)
 
 
-def test_a_new_family_trains_from_the_cli_on_one_device_and_split(tmp_path, tokens):
-    config, one, out = _train(tmp_path, "one", 1, f"--input_bin={tokens}", f"--save={tmp_path / 'ckpt'}")
+def test_a_new_family_trains_from_the_cli_on_one_device_and_split(run_train, tmp_path, tokens):
+    config, one, out = _train(run_train, tmp_path, "one", 1, f"--input_bin={tokens}", f"--save={tmp_path / 'ckpt'}")
     assert config["family"] == "toy" and config["model_config"]["n_embd"] == 32 and "model toy (toy)" in out
     assert len(one) == 5 and all(np.isfinite(one)) and one[-1] < one[0]
     for name, flags, layout in (("tp2", ["--tensor_parallel=2"], (2, 1)), ("pp2", ["--pipeline_parallel=2"], (1, 2))):
-        config, split, _ = _train(tmp_path, name, 2, f"--input_bin={tokens}", *flags)
+        config, split, _ = _train(run_train, tmp_path, name, 2, f"--input_bin={tokens}", *flags)
         assert (config["layout"]["tp"], config["layout"]["pp"]) == layout
         np.testing.assert_allclose(split, one, rtol=0, atol=2e-5, err_msg=name)
 
