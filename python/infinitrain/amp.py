@@ -16,6 +16,32 @@ from infinitrain.tensor import Tensor
 
 _state = threading.local()
 
+# The autocast policy, beside the op table (docs/ops.md): what each op that autocast touches does under it.
+#   low         float32 inputs are cast to autocast's 16-bit dtype and the op runs there (16-bit output)
+#   float32     16-bit inputs are cast up; the op computes and writes float32
+#   keep        the op takes its inputs as they are (cross-entropy computes in float32 from 16-bit logits)
+#   low-output  the op computes in float32 and, when a `low` op reads its output, may write that output in the
+#               16-bit dtype itself (the cast the reader would make, without its pass; it.compile's fusion,
+#               infinitrain/fusion.py) unless its module keeps float32 outputs (`keep_float32_output`)
+# Ops not listed run in their inputs' dtype.
+POLICY = {
+    "matmul": "low",
+    "linear": "low",
+    "linear_gelu_linear": "low",
+    "sdpa": "low",
+    "sdpa_bthd": "low",
+    "softmax": "float32",
+    "log_softmax": "float32",
+    "cross_entropy": "keep",
+    "layernorm": "low-output",
+    "rmsnorm": "low-output",
+}
+
+
+def lowers(op):
+    """Whether autocast (when on) runs `op` in the 16-bit dtype."""
+    return POLICY.get(op) == "low"
+
 
 def autocast_dtype():
     return getattr(_state, "dtype", None)

@@ -16,8 +16,9 @@ from infinitrain import fusion as _fusion
 from infinitrain.nn import Module
 
 
-class _Fusing:
-    """Turns fusion on for this thread for the duration of a call (reentrant)."""
+class fusing:  # noqa: N801 (a context manager, used as one)
+    """Turns fusion on for this thread while it is entered (reentrant): the fusion rules rewrite the ops issued
+    inside (infinitrain/fusion.py). The training layer runs every model forward in one."""
 
     def __enter__(self):
         self.prev = autograd.fusion.on
@@ -49,7 +50,7 @@ class OptimizedModule(Module):
         object.__setattr__(self, "mode", mode)
 
     def forward(self, *args, **kwargs):
-        with _Fusing():
+        with fusing():
             return _settle(self._orig_mod(*args, **kwargs))
 
     def __getattr__(self, name):
@@ -77,7 +78,7 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mo
 
     @functools.wraps(model)
     def compiled(*args, **kwargs):
-        with _Fusing():
+        with fusing():
             return _settle(model(*args, **kwargs))
 
     return compiled

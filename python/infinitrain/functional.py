@@ -551,6 +551,14 @@ def silu_eager(x):
 def gelu(x, approximate="none"):
     """x * Phi(x), Phi the standard normal CDF (PyTorch's default), or with approximate="tanh" the tanh
     approximation (GPT-2's); each one op with its own backward kernel."""
+    if fusion.on and approximate == "tanh":
+        r = _fusion_rules.gelu_tanh(x)
+        if r is not None:
+            return r
+    return gelu_eager(x, approximate)
+
+
+def gelu_eager(x, approximate="none"):
     if approximate == "tanh":
         return _unary("gelu_tanh", x, lambda g, out: _run1("gelu_tanh_backward", [x.detach(), g]))
     if approximate != "none":
@@ -1152,21 +1160,22 @@ def one_hot(tensor, num_classes=-1):
 # ---- linear algebra ----
 
 
-def _autocast(*ts):
+def _autocast(op, *ts):
+    """ts as autocast's policy (amp.POLICY) has `op` take them: cast to the 16-bit dtype for a `low` op."""
     dtype = amp.autocast_dtype()
-    if dtype is None:
+    if dtype is None or not amp.lowers(op):
         return ts
     return tuple(cast(t, dtype) if t is not None and t.dtype == "float32" else t for t in ts)
 
 
-def _autocast_fp32(x):
-    if amp.autocast_dtype() is not None and x.dtype != "float32" and x.dtype != "float64":
+def _autocast_fp32(op, x):
+    if amp.autocast_dtype() is not None and amp.POLICY[op] == "float32" and x.dtype not in ("float32", "float64"):
         return cast(x, "float32")
     return x
 
 
 def matmul(input, other, trans_a=False, trans_b=False):
-    a, b = _autocast(input, other)
+    a, b = _autocast("matmul", input, other)
     if a.dtype != b.dtype:
         a, b = _promote(a, b)
     out = _run1("matmul", [a, b], [int(trans_a), int(trans_b)])
@@ -1203,8 +1212,16 @@ def _input_grad(g, wd, x):
 
 def linear(x, weight, bias=None):
     if fusion.on:
+        r = _fusion_rules.linear(x, weight, bias)
+        if r is not None:
+            return r
+    return linear_eager(x, weight, bias)
+
+
+def linear_eager(x, weight, bias=None):
+    if fusion.on:
         x = _fusion_rules.linear_input(x)
-    x, weight, bias = _autocast(x, weight, bias)
+    x, weight, bias = _autocast("linear", x, weight, bias)
     inputs = [x, weight] if bias is None else [x, weight, bias]
     out = _run1("linear", inputs)
     if _needs_grad(x, weight, bias):
@@ -1223,7 +1240,9 @@ def linear_gelu_linear(x, fc_weight, fc_bias, proj_weight, proj_bias):
     autograd node, so a provider can take the GELU into the first GEMM's epilogue (linear_gelu_tanh, which keeps the
     GELU's input) and the GELU's gradient into the GEMM that brings the gradient back through proj_weight
     (linear_dgelu_tanh)."""
-    x, fc_weight, fc_bias, proj_weight, proj_bias = _autocast(x, fc_weight, fc_bias, proj_weight, proj_bias)
+    x, fc_weight, fc_bias, proj_weight, proj_bias = _autocast(
+        "linear_gelu_linear", x, fc_weight, fc_bias, proj_weight, proj_bias
+    )
     fc_in = [x, fc_weight] if fc_bias is None else [x, fc_weight, fc_bias]
     h, pre = (Tensor(t) for t in dispatch.op("linear_gelu_tanh")([t._t for t in fc_in], []))
     out = _run1("linear", [h, proj_weight] if proj_bias is None else [h, proj_weight, proj_bias])
@@ -1291,7 +1310,7 @@ def scatter_add(x, dim, index, src):
 
 
 def softmax(x, dim=-1, dtype=None):
-    x = _autocast_fp32(x) if dtype is None else cast(x, dtype)
+    x = _autocast_fp32("softmax", x) if dtype is None else cast(x, dtype)
     out = _run1("softmax", [x], [dim])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (_run1("softmax_backward", [out.detach(), g], [dim]),), "softmax", (out,))
@@ -1299,16 +1318,18 @@ def softmax(x, dim=-1, dtype=None):
 
 
 def log_softmax(x, dim=-1, dtype=None):
-    x = _autocast_fp32(x) if dtype is None else cast(x, dtype)
+    x = _autocast_fp32("log_softmax", x) if dtype is None else cast(x, dtype)
     out = _run1("log_softmax", [x], [dim])
     if _needs_grad(x):
         _record(out, (x,), lambda g: (_run1("log_softmax_backward", [out.detach(), g], [dim]),), "log_softmax", (out,))
     return out
 
 
-def layer_norm(x, weight, bias, eps=1e-5):
+def layer_norm(x, weight, bias, eps=1e-5, low_output=True):
+    """low_output: under it.compile's fusion and autocast, the output may be written in the 16-bit dtype for the
+    linear that reads it (amp.POLICY); False keeps it float32 (a norm several linears read)."""
     if fusion.on:
-        r = _fusion_rules.norm("layernorm", x, (weight, bias), eps)
+        r = _fusion_rules.norm("layernorm", x, (weight, bias), eps, low_output)
         if r is not None:
             return r
     return layer_norm_eager(x, weight, bias, eps)
@@ -1329,9 +1350,10 @@ def layer_norm_eager(x, weight, bias, eps=1e-5):
     return out
 
 
-def rms_norm(x, weight, eps=1e-5):
+def rms_norm(x, weight, eps=1e-5, low_output=True):
+    """low_output: as layer_norm's."""
     if fusion.on:
-        r = _fusion_rules.norm("rmsnorm", x, (weight,), eps)
+        r = _fusion_rules.norm("rmsnorm", x, (weight,), eps, low_output)
         if r is not None:
             return r
     return rms_norm_eager(x, weight, eps)
@@ -1450,7 +1472,7 @@ def scaled_dot_product_attention(
         r = _fusion_rules.sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale)
         if r is not None:
             return r
-    q, k, v = _autocast(query, key, value)
+    q, k, v = _autocast("sdpa", query, key, value)
     if isinstance(attn_mask, bool):
         raise TypeError(
             "scaled_dot_product_attention: attn_mask (the 4th argument, as in PyTorch) must be a tensor; "
@@ -1492,7 +1514,7 @@ def attention_bthd(query, key, value, is_causal=False, scale=None):
     """Fused attention in the layout the projections produce: q [B, T, Hq, D], k, v [B, S, Hkv, D] -> out
     [B, T, Hq, D], Hq a multiple of Hkv; causal needs T == S. The result of transposing q, k, v to [B, H, T, D],
     calling scaled_dot_product_attention and transposing back, without those copies (not a PyTorch name)."""
-    q, k, v = _autocast(query, key, value)
+    q, k, v = _autocast("sdpa_bthd", query, key, value)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return _sdpa(q, k, v, bool(is_causal), scale, "sdpa_bthd")
 

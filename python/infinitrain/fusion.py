@@ -14,9 +14,14 @@ instead:
 - residual add + norm: `x + y` of equal shapes is a pending sum; a LayerNorm or RMSNorm of it runs add_layernorm /
   add_rmsnorm, the sum and the norm in one pass, the residual stream's gradient folded into the norm's backward.
 - 16-bit norm outputs: under autocast a norm's output read by a linear layer is written in autocast's dtype by the
-  norm itself (the linear would cast it to that anyway).
-
+  norm itself (the linear would cast it to that anyway; amp.POLICY's `low-output`), unless the norm module keeps
+  float32 outputs (`keep_float32_output`: several linears read it, and their input gradients meet in float32).
+- linear + tanh GELU + linear: a linear reading a norm's output is pending; a tanh GELU of it is pending too, and a
+  linear of that runs linear_gelu_linear (GPT-2's MLP as one node, whose GELU a provider may fuse into the GEMMs).
 - SwiGLU: `F.silu(a) * b` is the swiglu op (one pass forward and backward).
+
+The models train under these rules (the Trainer runs their forward with fusion on), so their code is the plain
+block: `x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))`.
 
 Values are those of the plain ops: the fused kernels are tested against the ops they replace, and the norm and
 attention fusions give the same bits in float32 (swiglu's backward may differ in the last bit). A pending value is
@@ -39,10 +44,11 @@ _BTHD = (0, 2, 1, 3)  # [B, T, H, D] <-> [B, H, T, D]
 class Pending(Tensor):
     """A tensor whose value is computed when first read (its `_t` slot is empty until then)."""
 
-    __slots__ = ("_shape", "_dtype", "_device", "_inputs")
+    __slots__ = ("_shape", "_dtype", "_device", "_inputs", "_waiters")
 
     def _init(self, shape, dtype, device, requires_grad, inputs):
         self._shape, self._dtype, self._device = tuple(shape), dtype, device
+        self._waiters = None
         self.requires_grad, self.grad, self._node = requires_grad, None, None
         self._hooks = self._post_hooks = None
         self._retains_grad = False
@@ -102,7 +108,19 @@ class Pending(Tensor):
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         self._check_inputs()
         self._materialize()
+        for fn in self._waiters or ():
+            fn(self)
+        self._waiters = None
         return object.__getattribute__(self, "_t")
+
+    def when_computed(self, fn):
+        """Calls fn(self) once the value is computed (at once if it is); a value a fused op took instead (a
+        linear joined to the next one) is never computed, and fn is not called. For observers (the precision
+        checker) that must not force a value, and with it the unfused ops."""
+        if self.is_materialized():
+            fn(self)
+        else:
+            self._waiters = [*(self._waiters or ()), fn]
 
     def _materialize(self):
         raise NotImplementedError
@@ -320,12 +338,12 @@ def add(a, b):
 class PendingNorm(Pending):
     """layernorm / rmsnorm of x over the last dim; x a pending sum joins it in one fused op."""
 
-    __slots__ = ("x", "params", "eps", "kind", "half")
+    __slots__ = ("x", "params", "eps", "kind", "half", "low_output")
 
     @classmethod
-    def make(cls, kind, x, params, eps):
+    def make(cls, kind, x, params, eps, low_output=True):
         p = cls.__new__(cls)
-        p.kind, p.x, p.params, p.eps, p.half = kind, x, tuple(params), eps, None
+        p.kind, p.x, p.params, p.eps, p.half, p.low_output = kind, x, tuple(params), eps, None, low_output
         p._init(x.shape, x.dtype, x.device, _needs(x, *params), (x, *params))
         return p
 
@@ -364,6 +382,8 @@ class PendingNorm(Pending):
     def read16(self, dtype):
         """This norm's output in the 16-bit dtype (for linears under autocast), written so by the fused op where x
         is a pending sum, once for every linear that reads it (q, k and v; gate and up); else None."""
+        if not self.low_output:
+            return None
         if self.half is not None and self.half.dtype == dtype:
             return self.half
         if self._can_fuse() and self._dtype == "float32":
@@ -382,20 +402,105 @@ class PendingNorm(Pending):
         self.requires_grad = out.requires_grad
 
 
-def norm(kind, x, params, eps):
+def norm(kind, x, params, eps, low_output=True):
     if x.dtype not in _FLOATS or isinstance(x, PendingPermute):
         return None
-    return PendingNorm.make(kind, x, params, eps)
+    return PendingNorm.make(kind, x, params, eps, low_output)
 
 
 def linear_input(x):
     """x as a linear under autocast reads it: a pending norm's output written in the 16-bit dtype by the norm."""
     if isinstance(x, PendingNorm) and not x.is_materialized():
         dtype = amp.autocast_dtype()
-        if dtype is not None:
+        if dtype is not None and amp.lowers("linear"):
             out = x.read16(dtype)
             if out is not None:
                 return out
+    return x
+
+
+# ---- linear + tanh GELU + linear ---------------------------------------------------------------------------------
+
+
+class PendingLinear(Pending):
+    """linear(x, weight, bias) of a pending norm's output x, computed when read (as the autocast state was when it
+    was made), or joined with a tanh GELU and the next linear into linear_gelu_linear."""
+
+    __slots__ = ("x", "weight", "bias", "cast")
+
+    @classmethod
+    def make(cls, x, weight, bias):
+        p = cls.__new__(cls)
+        p.x, p.weight, p.bias, p.cast = x, weight, bias, amp.autocast_dtype()
+        out_dtype = p.cast if p.cast is not None and amp.lowers("linear") else dispatch.result_dtype(x, weight)
+        if out_dtype not in _FLOATS:
+            out_dtype = x.dtype
+        shape = (*x.shape[:-1], weight.shape[0])
+        p._init(shape, out_dtype, x.device, _needs(x, weight, bias), (weight,) if bias is None else (weight, bias))
+        return p
+
+    def _materialize(self):
+        if amp.autocast_dtype() == self.cast and autograd.is_grad_enabled() == self.requires_grad:
+            out = F.linear_eager(self.x, self.weight, self.bias)  # read where it was made (the usual case)
+        else:
+            with amp.autocast(dtype=self.cast, enabled=self.cast is not None):
+                with autograd.enable_grad() if self.requires_grad else autograd.no_grad():
+                    out = F.linear_eager(self.x, self.weight, self.bias)
+        self._t, self._node = out._t, out._node
+
+
+class PendingGelu(Pending):
+    """gelu(linear, approximate="tanh") of a pending linear: linear_gelu_linear when a linear reads it."""
+
+    __slots__ = ("lin",)
+
+    @classmethod
+    def make(cls, lin):
+        p = cls.__new__(cls)
+        p.lin = lin
+        p._init(lin.shape, lin.dtype, lin.device, lin.requires_grad, ())
+        return p
+
+    def _materialize(self):
+        with autograd.enable_grad() if self.requires_grad else autograd.no_grad():
+            out = F.gelu_eager(self.lin, "tanh")
+        self._t, self._node = out._t, out._node
+
+
+def linear(x, weight, bias):
+    """A linear of a pending tanh GELU of a pending linear is linear_gelu_linear; a linear reading a pending norm's
+    output waits (a tanh GELU and a linear may follow it)."""
+    if isinstance(x, PendingGelu):
+        return linear_of_gelu(x, weight, bias)
+    if not isinstance(x, PendingNorm) or x.is_materialized() or weight.ndim != 2:
+        return None
+    if x.ndim < 1 or x.shape[-1] != weight.shape[1] or (bias is not None and bias.ndim != 1):
+        return None
+    return PendingLinear.make(x, weight, bias)
+
+
+def gelu_tanh(x):
+    if isinstance(x, PendingLinear) and not x.is_materialized():
+        return PendingGelu.make(x)
+    return None
+
+
+def linear_of_gelu(x, weight, bias):
+    """linear(gelu(linear(h, w1, b1), "tanh"), weight, bias) as linear_gelu_linear, for an unread pending GELU."""
+    if not isinstance(x, PendingGelu) or x.is_materialized() or x.lin.is_materialized():
+        return None
+    lin = x.lin
+    if amp.autocast_dtype() == lin.cast:
+        return F.linear_gelu_linear(linear_input(lin.x), lin.weight, lin.bias, weight, bias)
+    with amp.autocast(dtype=lin.cast, enabled=lin.cast is not None):
+        return F.linear_gelu_linear(linear_input(lin.x), lin.weight, lin.bias, weight, bias)
+
+
+def settle(x):
+    """x's value: a pending tensor computed now (as a plain op would have), anything else as it is. A module that
+    reads its input more than once in different ways (LoRA's base and adapter) takes it settled."""
+    if isinstance(x, Pending) and not x.is_materialized():
+        x._t  # noqa: B018 (reading computes it)
     return x
 
 

@@ -256,3 +256,69 @@ def test_backward_inside_a_compiled_function_runs_plain_ops():
 
     loss = step()
     assert math.isfinite(loss.item()) and all(p.grad is not None for p in model.parameters())
+
+
+# ---- the project's own models train through the same rules ----
+
+
+def _ops_and_grads(model, x, fused, dtype):
+    from collections import Counter
+
+    from infinitrain.compiler import fusing
+
+    model.zero_grad()
+    with it.profiler.profile() as prof:
+        with it.amp.autocast(DEVICE, dtype="bfloat16", enabled=dtype == "bfloat16"):
+            if fused:
+                with fusing():
+                    _, loss = model(x, x)
+            else:
+                _, loss = model(x, x)
+        loss.backward()
+    grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+    return Counter(r.op for r in prof.records), loss.item(), grads
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama3", "qwen3"])
+def test_plain_model_blocks_train_through_the_fusion_rules(family):
+    """The models' blocks are plain (x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))); under fusing(), as the Trainer
+    runs them, each residual add joins the next norm and GPT-2's MLP is linear_gelu_linear, and in float32 the loss
+    and every gradient equal the unfused run's bit for bit. A norm several linears read keeps float32 output."""
+    from infinitrain.models import registry
+
+    it.manual_seed(int(rng().integers(1 << 30)))
+    spec = registry.resolve(family, shape={"n_layer": 3, "n_head": 2, "n_embd": 32}, sequence_length=T, vocab_size=V)
+    model = spec.build(DEVICE)
+    x = it.from_numpy(rng().integers(0, V, (2, T)), device=DEVICE)
+    plain, loss, grads = _ops_and_grads(model, x, False, "float32")
+    fused, loss_f, grads_f = _ops_and_grads(model, x, True, "float32")
+    assert loss_f == loss
+    for n in grads:
+        np.testing.assert_array_equal(grads_f[n], grads[n], err_msg=n)
+    norm = "add_layernorm" if family == "gpt2" else "add_rmsnorm"
+    # 3 blocks: 2 norms each, the final one; all but the first block's first norm join a residual add.
+    assert plain[norm] == 0 and fused[norm] == 6 and fused["add"] <= plain["add"] - 6
+    if family == "gpt2":
+        assert fused["linear_gelu_tanh"] == 3 and fused["gelu_tanh"] == 0
+    # bf16: a norm read by one linear writes bfloat16 itself (fewer casts); LLaMA's ln_2 and the decoders' norms
+    # feed several linears and keep float32 (the casts stay).
+    plain16, _, _ = _ops_and_grads(model, x, False, "bfloat16")
+    fused16, _, _ = _ops_and_grads(model, x, True, "bfloat16")
+    saved = plain16["cast"] - fused16["cast"]
+    expected_min = {"gpt2": 6, "llama3": 3, "qwen3": 1}[family]
+    assert saved >= expected_min, (plain16["cast"], fused16["cast"])
+
+
+def test_the_autocast_policy_table_drives_autocast(monkeypatch):
+    """amp.POLICY is the one declaration of what autocast does to an op: changing a line changes the op."""
+    from infinitrain import _C, amp
+
+    ops = {o["name"] for o in _C.ops()}
+    assert set(amp.POLICY) - ops <= {"linear_gelu_linear"}  # every line names an op (or the MLP's one node)
+    a = it.from_numpy(rng().standard_normal((4, 8)).astype(np.float32), device=DEVICE)
+    b = it.from_numpy(rng().standard_normal((8, 3)).astype(np.float32), device=DEVICE)
+    with it.autocast(DEVICE, dtype=it.bfloat16):
+        assert (a @ b).dtype == "bfloat16" and it.softmax(a.to("bfloat16"), -1).dtype == "float32"
+        monkeypatch.setitem(amp.POLICY, "matmul", "keep")
+        monkeypatch.setitem(amp.POLICY, "softmax", "keep")
+        assert (a @ b).dtype == "float32" and it.softmax(a.to("bfloat16"), -1).dtype == "bfloat16"

@@ -219,6 +219,9 @@ def _launch(tmp, n, runs, seeds):
         TEST_SIZES=f"{STEPS},{T},{GLOBAL_B},{MICRO}",
         TEST_RUNS=json.dumps(runs),
         INFINITRAIN_CCL_TIMEOUT_S="120",
+        # One thread everywhere, as the launcher gives its workers: the CPU kernels' sums then split alike in the
+        # reference and the layouts (Mixtral's routing must not flip on a near-tie between the two).
+        OMP_NUM_THREADS="1",
         **{k: str(v) for k, v in seeds.items()},
     )
     env.pop("WORLD_SIZE", None)

@@ -1,7 +1,8 @@
 """The precision checker: statistics against NumPy, and a deliberately perturbed op named as the first
 divergence between two records, in process and through the train CLI and compare. The perturbed op is GPT-2's
-linear_gelu_tanh run as its composite instead of the kernel (prefer_composites), with the tanh inside the composite
-scaled by 1 + 1e-2 (composites are registered once, so the test perturbs what the composite calls)."""
+linear_gelu_tanh (the fused MLP the Trainer's fusion runs, when c_proj reads the GELU) run as its composite instead
+of the kernel (prefer_composites), with the tanh inside the composite scaled by 1 + 1e-2 (composites are registered
+once, so the test perturbs what the composite calls)."""
 
 import json
 import os
@@ -15,6 +16,7 @@ import infinitrain as it
 from harness import DEVICE, rng
 from infinitrain import dispatch
 from infinitrain import functional as F
+from infinitrain.compiler import fusing
 from infinitrain.data import write_tokens
 from infinitrain.models import registry as R
 from infinitrain.runs import precision as P
@@ -48,7 +50,7 @@ def record_step(path, tokens, perturb=None, monkeypatch=None):
         monkeypatch.setattr(F, "tanh", lambda t: tanh(t) * 1.01)
     try:
         with dispatch.prefer_composites(["linear_gelu_tanh"] if perturb else []), rec.step(1):
-            with rec.phase("forward"):
+            with rec.phase("forward"), fusing():  # as the Trainer runs models: GPT-2's MLP is linear_gelu_linear
                 _, loss = model(x, y)
             with rec.phase("backward"):
                 loss.backward()
@@ -79,8 +81,13 @@ def test_a_perturbed_op_is_named_as_the_first_divergence(tmp_path, monkeypatch):
     first = result["first"]
     assert first is not None, P.format_divergence(result)
     rec = first["record"]
-    assert (rec["kind"], rec["name"], rec["module"], rec["phase"]) == ("op", "linear_gelu_tanh:0", "h.0.mlp", "forward")
-    assert first["what"] == "step 1 forward: op linear_gelu_tanh:0 in h.0.mlp"
+    assert (rec["kind"], rec["name"], rec["module"], rec["phase"]) == (
+        "op",
+        "linear_gelu_tanh:0",
+        "h.0.mlp.c_proj",
+        "forward",
+    )
+    assert first["what"] == "step 1 forward: op linear_gelu_tanh:0 in h.0.mlp.c_proj"
     # Everything before it agrees, bit for bit.
     order = [P._key(r) for r in lines[2:]]
     assert result["first_bitwise"] == first["what"] or order.index(P._key(rec)) > 0
@@ -117,6 +124,6 @@ def test_train_cli_records_and_compare_names_the_op(tmp_path, capsys):
     args = [str(tmp_path / "a"), str(tmp_path / "b"), "--precision", f"--out={tmp_path / 'cmp'}"]
     assert compare.main([*args, "--throughput_tol=1e9", "--loss_tol=1"]) == 1
     out = capsys.readouterr().out
-    assert "precision: first divergence: step 1 forward: op linear_gelu_tanh:0 in h.0.mlp: " in out, out
+    assert "precision: first divergence: step 1 forward: op linear_gelu_tanh:0 in h.0.mlp.c_proj: " in out, out
     report = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "first divergence: step 1 forward: op linear_gelu_tanh:0 in h.0.mlp" in report
+    assert "first divergence: step 1 forward: op linear_gelu_tanh:0 in h.0.mlp.c_proj" in report

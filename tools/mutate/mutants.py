@@ -68,10 +68,18 @@ MUTANTS = [
     Mutant(
         "P30",
         GPT2,
-        "x, h = self.ln_1.forward_add(x, pending,",
-        "x, h = self.ln_1.forward_add(x, None,",
-        "GPT-2 drops the previous block's branch at the next block's first norm",
+        "x = x + self.attn(self.ln_1(x))",
+        "x = self.attn(self.ln_1(x))",
+        "GPT-2 drops the residual stream around attention",
         MODELS,
+    ),
+    Mutant(
+        "P31",
+        "python/infinitrain/fusion.py",
+        "outs = dispatch.call(op, [a, b, *params],",
+        "outs = dispatch.call(op, [a, a, *params],",
+        "the fused residual add + norm adds the residual to itself (the models train through it)",
+        TRAIN + ("tests/core/test_compile.py",),
     ),
     Mutant(
         "P2",
@@ -209,8 +217,8 @@ MUTANTS = [
     Mutant(
         "P19",
         "python/infinitrain/nn/modules.py",
-        "return F.rms_norm(x, self.weight, self.eps)",
-        "return F.rms_norm(x, self.weight)",
+        "return F.rms_norm(x, self.weight, self.eps, low_output",
+        "return F.rms_norm(x, self.weight, 1e-5, low_output",
         "RMSNorm module ignores its eps",
         NN,
     ),

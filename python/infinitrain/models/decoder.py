@@ -11,11 +11,10 @@ mapping and the tensor-parallel attention here serve both families (qwen3.py and
 import math
 import re
 
-from infinitrain import amp, nn
 from infinitrain import functional as F
+from infinitrain import nn
 from infinitrain.models import hf
 from infinitrain.models import validate as V
-from infinitrain.models.blocks import run_split
 from infinitrain.models.llama3 import rope_tables
 from infinitrain.models.moe import Expert, SparseMoE, load_balancing_loss
 from infinitrain.models.sampling import generate
@@ -90,6 +89,10 @@ class DecoderBlock(nn.Module):
         self.input_layernorm = nn.RMSNorm(C, cfg.norm_eps, device=device)
         self.self_attn = Attention(cfg, device, proj_std, qk_norm)
         self.post_attention_layernorm = nn.RMSNorm(C, cfg.norm_eps, device=device)
+        # Several linears read each norm's output (q, k, v; gate and up, or the router and the experts): it stays
+        # float32 under autocast, so their input gradients meet in float32.
+        self.input_layernorm.keep_float32_output = True
+        self.post_attention_layernorm.keep_float32_output = True
         if is_sparse_layer(cfg, i):
             self.mlp = SparseMoE(
                 C,
@@ -104,17 +107,8 @@ class DecoderBlock(nn.Module):
             self.mlp = Expert(C, cfg.intermediate_size, device, 0.02, proj_std)
 
     def forward(self, x, cos, sin):
-        x, y = self.forward_split(x, cos, sin)
-        return x + y
-
-    def forward_split(self, x, cos, sin, pending=None):
-        """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
-        the block adds `pending`, the previous block's branch, in its first)."""
-        # Both norms feed several linears (q, k, v; gate and up, or the router and the experts), whose input
-        # gradients must meet in float32: their outputs stay in the sum's dtype.
-        x, h = self.input_layernorm.forward_add(x, pending)
-        x, h = self.post_attention_layernorm.forward_add(x, self.self_attn(h, cos, sin))
-        return x, self.mlp(h)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderLM(nn.Module):
@@ -159,11 +153,10 @@ class DecoderLM(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         cos, sin = self._tables(T)
         x = self.embed_tokens(idx)
-        x, pending = run_split(self.layers, x, cos, sin)
-        # The head is one linear (or the tied embedding's): the norm may write autocast's dtype for it.
+        for block in self.layers:
+            x = block(x, cos, sin)
+        x = self.norm(x)
         head = getattr(self, "lm_head", None)
-        one_head = head is None or type(head) is nn.Linear
-        x = self.norm.forward_add(x, pending, amp.autocast_dtype() if one_head else None)[1]
         logits = head(x) if head is not None else F.linear(x, self.embed_tokens.weight)
         stats = [b.mlp.router_stats for b in self.layers if isinstance(b.mlp, SparseMoE)]
         self.aux_loss = load_balancing_loss(stats, self.config.num_experts) if stats else None

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infinitrain import amp, checkpoint, nn
+from infinitrain import checkpoint, nn
 from infinitrain import functional as F
 from infinitrain.models import hf
 from infinitrain.models import validate as V
-from infinitrain.models.blocks import run_split
 from infinitrain.models.family import Dims, Family, HFFormat, Preset, TensorParallelPlan
 from infinitrain.models.sampling import check_ids, generate
 from infinitrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, Spec, TPModule
@@ -68,10 +67,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, device=device, std=proj_std)
 
     def forward(self, x):
-        fc, proj = self.c_fc, self.c_proj
-        if type(fc) is nn.Linear and type(proj) is nn.Linear:  # not wrapped (LoRA): one node a provider can fuse
-            return F.linear_gelu_linear(x, fc.weight, fc.bias, proj.weight, proj.bias)
-        return proj(F.gelu(fc(x), approximate="tanh"))
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Block(nn.Module):
@@ -83,22 +79,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device, proj_std)
 
     def forward(self, x):
-        x, y = self.forward_split(x)
-        return x + y
-
-    def forward_split(self, x, pending=None):
-        """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
-        the block adds `pending`, the previous block's branch, in its first)."""
-        # A norm whose output feeds one plain linear (c_attn; the MLP's one node) writes autocast's dtype, which the
-        # linear casts to anyway. Not for several consumers or wrapped ones (LoRA): their input gradients would
-        # meet in that dtype instead of float32.
-        lo = amp.autocast_dtype()
-        attn, mlp = self.attn, self.mlp
-        one_attn = type(attn) is CausalSelfAttention and type(attn.c_attn) is nn.Linear
-        one_mlp = type(mlp) is MLP and type(mlp.c_fc) is nn.Linear and type(mlp.c_proj) is nn.Linear
-        x, h = self.ln_1.forward_add(x, pending, lo if one_attn else None)
-        x, h = self.ln_2.forward_add(x, attn(h), lo if one_mlp else None)
-        return x, mlp(h)
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT2(nn.Module):
@@ -120,8 +102,9 @@ class GPT2(nn.Module):
             # The tied head over the real vocabulary; embedding through it makes ids in [vocab, padded) an error.
             head = head[: self.config.vocab_size]
         x = F.embedding(idx, head) + self.wpe.weight[:T]
-        x, pending = run_split(self.h, x)
-        x = self.ln_f.forward_add(x, pending, amp.autocast_dtype())[1]
+        for block in self.h:
+            x = block(x)
+        x = self.ln_f(x)
         # The head runs over the padded vocabulary: its aligned width keeps the GEMMs on the fast path.
         if self.config.padded_vocab_size == self.config.vocab_size:
             logits = F.linear(x, self.wte.weight)

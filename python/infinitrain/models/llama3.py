@@ -10,11 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infinitrain import amp, checkpoint, nn
+from infinitrain import checkpoint, nn
 from infinitrain import functional as F
 from infinitrain.models import hf
 from infinitrain.models import validate as V
-from infinitrain.models.blocks import run_split
 from infinitrain.models.family import Dims, Family, HFFormat, Preset, TensorParallelPlan
 from infinitrain.models.sampling import check_ids, generate
 from infinitrain.parallel import mappings as M
@@ -131,21 +130,12 @@ class Block(nn.Module):
         self.ln_1 = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device=device)
         self.attn = Attention(cfg, device, proj_std)
         self.ln_2 = nn.RMSNorm(cfg.n_embd, cfg.norm_eps, device=device)
+        self.ln_2.keep_float32_output = True  # gate and up both read it: their input gradients meet in float32
         self.mlp = MLP(cfg, device, proj_std)
 
     def forward(self, x, cos, sin):
-        x, y = self.forward_split(x, cos, sin)
-        return x + y
-
-    def forward_split(self, x, cos, sin, pending=None):
-        """(residual, branch): the block's output is their sum, left to the caller to add in the next norm (as
-        the block adds `pending`, the previous block's branch, in its first)."""
-        # ln_1 feeds one plain linear (c_attn), so it writes autocast's dtype, which c_attn casts to anyway; ln_2
-        # feeds two (up and gate), whose input gradients must meet in float32.
-        one_attn = type(self.attn) is Attention and type(self.attn.c_attn) is nn.Linear
-        x, h = self.ln_1.forward_add(x, pending, amp.autocast_dtype() if one_attn else None)
-        x, h = self.ln_2.forward_add(x, self.attn(h, cos, sin))
-        return x, self.mlp(h)
+        x = x + self.attn(self.ln_1(x), cos, sin)
+        return x + self.mlp(self.ln_2(x))
 
 
 class LLaMA3(nn.Module):
@@ -176,9 +166,9 @@ class LLaMA3(nn.Module):
         B, T = check_ids("LLaMA3", idx, targets, self.config.block_size)
         cos, sin = self._tables(T)
         x = self.wte(idx)
-        x, pending = run_split(self.h, x, cos, sin)
-        one_head = type(self.lm_head) is nn.Linear
-        logits = self.lm_head(self.ln_f.forward_add(x, pending, amp.autocast_dtype() if one_head else None)[1])
+        for block in self.h:
+            x = block(x, cos, sin)
+        logits = self.lm_head(self.ln_f(x))
         loss = None if targets is None else F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
         return logits, loss
 

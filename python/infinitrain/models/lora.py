@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from infinitrain import autograd, checkpoint, nn
+from infinitrain import autograd, checkpoint, fusion, nn
 from infinitrain import functional as F
 from infinitrain.models import hf
 from infinitrain.tensor import empty, from_numpy
@@ -57,6 +57,7 @@ class LoRALinear(nn.Module):
         self.merged = False
 
     def forward(self, x):
+        x = fusion.settle(x)  # the base and the adapter both read x: as one float32 value, as without fusion
         y = F.linear(x, self.weight, self.bias)
         if self.merged:
             return y

@@ -5,7 +5,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from infinitrain import autograd, dispatch
+from infinitrain import autograd
 from infinitrain import functional as F
 from infinitrain.nn import functional as nnF
 from infinitrain.tensor import DTYPES, Tensor, empty, from_numpy
@@ -432,33 +432,17 @@ class LayerNorm(Module):
     def _one_op(self):
         return len(self.normalized_shape) == 1 and self.weight is not None and self.bias is not None
 
+    # The module protocol of it.compile's fusion (infinitrain/fusion.py): True when several linears read this
+    # norm's output, so it stays float32 under autocast (their input gradients then meet in float32).
+    keep_float32_output = False
+
     def forward(self, x):
         if self._one_op():
-            return F.layer_norm(x, self.weight, self.bias, self.eps)
+            return F.layer_norm(x, self.weight, self.bias, self.eps, low_output=not self.keep_float32_output)
         return nnF.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-
-    def forward_add(self, x, y, dtype=None):
-        """(x + y, self(x + y)) in one op where the norm allows (F.add_layer_norm); y None: (x, self(x)). dtype is
-        autocast's for a float32 sum, which the norm's output is then written in (other sums keep their dtype, as
-        autocast casts only float32)."""
-        dtype = _autocast_out(x, y, dtype)
-        if y is not None and self._one_op():
-            return F.add_layer_norm(x, y, self.weight, self.bias, self.eps, dtype)
-        return _add_then(self, x, y, dtype)
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
-
-
-def _autocast_out(x, y, dtype):
-    sum_dtype = x.dtype if y is None else dispatch.result_dtype(x, y)
-    return dtype if sum_dtype == "float32" else None
-
-
-def _add_then(norm, x, y, dtype):
-    s = x if y is None else x + y
-    out = norm(s)
-    return s, out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
 class RMSNorm(Module):
@@ -477,17 +461,12 @@ class RMSNorm(Module):
     def _one_op(self):
         return len(self.normalized_shape) == 1 and self.weight is not None and self.eps is not None
 
+    keep_float32_output = False  # as LayerNorm's
+
     def forward(self, x):
         if self._one_op():
-            return F.rms_norm(x, self.weight, self.eps)
+            return F.rms_norm(x, self.weight, self.eps, low_output=not self.keep_float32_output)
         return nnF.rms_norm(x, self.normalized_shape, self.weight, self.eps)
-
-    def forward_add(self, x, y, dtype=None):
-        """(x + y, self(x + y)), as LayerNorm.forward_add (F.add_rms_norm)."""
-        dtype = _autocast_out(x, y, dtype)
-        if y is not None and self._one_op():
-            return F.add_rms_norm(x, y, self.weight, self.eps, dtype)
-        return _add_then(self, x, y, dtype)
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"

@@ -6,7 +6,7 @@ block's at a time, for about one more forward pass of compute.
     enable(model, blocks=list(model.h))     # --activation_recompute does this for every transformer block
 """
 
-from infinitrain import amp, autograd, dispatch
+from infinitrain import amp, autograd, dispatch, fusion
 from infinitrain import random as _random
 from infinitrain.tensor import Tensor
 
@@ -20,10 +20,14 @@ def checkpoint(fn, *args):
     """
     if not autograd.is_grad_enabled():
         return fn(*args)
+    # Under it.compile's fusion a block's input and output may be pending (infinitrain/fusion.py): they are
+    # settled here, and the recompute runs with fusion as the forward did, so both build the same ops.
+    args = tuple(fusion.settle(a) for a in args)
+    fused = autograd.fusion.on
     cast_dtype = amp.autocast_dtype()
     rng_state = _random.default_generator.get_state()
     with autograd.no_grad():
-        out = fn(*args)
+        out = fusion.settle(fn(*args))
     if not isinstance(out, Tensor):
         raise TypeError(f"activation recompute needs a block that returns one tensor, got {type(out).__name__}")
     needs = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad]
@@ -35,11 +39,14 @@ def checkpoint(fn, *args):
         gen = _random.default_generator
         current = gen.get_state()
         gen.set_state(rng_state)
+        was = autograd.fusion.on
+        autograd.fusion.on = fused
         try:
             with autograd.enable_grad(), amp.autocast(dtype=cast_dtype, enabled=cast_dtype is not None):
-                again = fn(*inputs)
+                again = fusion.settle(fn(*inputs))
         finally:  # the recompute must not move the generator: later draws stay those of a run without it
             gen.set_state(current)
+            autograd.fusion.on = was
         autograd.backward(again, grad)
         return tuple(inputs[i].grad for i in needs)
 

@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-from infinitrain import dispatch
+from infinitrain import dispatch, fusion
 from infinitrain.tensor import Tensor
 
 FORMAT_VERSION = 1
@@ -162,6 +162,27 @@ class Recorder:
         line["dtype"] = tensor.dtype
         self._write(line)
 
+    def _record_later(self, module, label, t):
+        """A module's output, recorded now, or (a value it.compile's fusion left pending) when it is computed: a
+        record must not force the unfused ops the fusion replaced."""
+        phase = self._phase
+
+        def record(value):
+            if not self._active:
+                return
+            saved, self._phase = self._phase, phase
+            self._modules.append(module)
+            try:
+                self._record("module", label, value)
+            finally:
+                self._modules.pop()
+                self._phase = saved
+
+        if isinstance(t, fusion.Pending):
+            t.when_computed(record)
+        else:
+            record(t)
+
     def record_tensors(self, kind, named, grads=False):
         """Records named tensors (e.g. model.named_parameters()), or their .grad with grads=True."""
         if not self._active:
@@ -184,13 +205,10 @@ class Recorder:
                     out = _forward(*args, **kwargs)
                 finally:
                     self._modules.pop()
-                self._modules.append(_name)
-                try:
-                    for i, t in enumerate(out if isinstance(out, (tuple, list)) else (out,)):
-                        if isinstance(t, Tensor):
-                            self._record("module", "output" if not isinstance(out, (tuple, list)) else f"output:{i}", t)
-                finally:
-                    self._modules.pop()
+                for i, t in enumerate(out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(t, Tensor):
+                        label = "output" if not isinstance(out, (tuple, list)) else f"output:{i}"
+                        self._record_later(_name, label, t)
                 return out
 
             object.__setattr__(module, "forward", recorded)

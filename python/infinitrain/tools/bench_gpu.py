@@ -14,6 +14,7 @@ import numpy as np
 from absl import app, flags
 
 import infinitrain as it
+from infinitrain.compiler import fusing
 from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
 
 FLAGS = flags.FLAGS
@@ -65,7 +66,7 @@ def main(argv):
 
     def step():
         opt.zero_grad()
-        with it.amp.autocast(device, dtype="bfloat16"):
+        with it.amp.autocast(device, dtype="bfloat16"), fusing():  # as the Trainer runs models
             _, loss = model(x, y)
         loss.backward()
         it.optim.clip_grad_norm_(params, 1.0)

@@ -10,12 +10,17 @@ is the same for every one; a new kind of parallelism is a new Strategy.
   over micro-batches, sharded checkpoints.
 
 Each strategy takes the run's global batches (B x rows of them: `rows`) and reads the rows that are its own.
+
+Every model forward runs under it.compile's fusion rules (`fusing()`, infinitrain/fusion.py): the one place the
+training layer chooses fused ops (the residual add joined with the next norm, norm outputs written in 16-bit for
+the linear that reads them, GPT-2's linear + GELU + linear as one node); the models themselves are plain.
 """
 
 import numpy as np
 
 import infinitrain as it
 from infinitrain import parallel
+from infinitrain.compiler import fusing
 from infinitrain.data.device import DeviceLoader
 from infinitrain.runs import UsageError
 from infinitrain.tensor import zeros
@@ -203,7 +208,7 @@ class Local(Strategy):
                         yr = it.from_numpy(y[r * B : (r + 1) * B], device=d)
                     with sync:
                         with mark("forward"), phase("forward"):
-                            with it.amp.autocast(d, dtype="bfloat16", enabled=cfg.autocast):
+                            with it.amp.autocast(d, dtype="bfloat16", enabled=cfg.autocast), fusing():
                                 _, loss = m(xr, yr)
                             loss = loss * (1.0 / accum)
                         with mark("backward"), phase("backward"):
@@ -235,7 +240,7 @@ class Local(Strategy):
         losses = []
         for _ in range(min(batches, _batches_per_epoch(loader))):
             x, y = (on_device(a, self.device) for a in next(loader))
-            with it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast):
+            with it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast), fusing():
                 _, loss = self.model(x, y)
             losses.append(loss.item())
         return float(np.mean(losses))
@@ -415,7 +420,8 @@ class ModelParallel(Strategy):
             loader.load_state_dict({"epoch": 0, "position": 0})
         mark, _ = _marks(prof, None)
         mbs = self._micro_batches(loader, accum)
-        with mark("forward-backward"), it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast):
+        autocast = it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast)
+        with mark("forward-backward"), autocast, fusing():
             loss = self.pctx.engine.forward_backward(mbs)
         with mark("optimizer"):
             norm = self.pctx.engine.finish_gradients(self.cfg.grad_clip or None)
@@ -428,7 +434,7 @@ class ModelParallel(Strategy):
         replicas (every rank takes part)."""
         loader.load_state_dict({"epoch": 0, "position": 0})
         n = min(batches, _batches_per_epoch(loader))
-        with it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast):
+        with it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast), fusing():
             loss = self.pctx.engine.forward_backward(self._micro_batches(loader, n), forward_only=True)
         return loss.item()
 
