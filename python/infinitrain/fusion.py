@@ -44,18 +44,21 @@ _BTHD = (0, 2, 1, 3)  # [B, T, H, D] <-> [B, H, T, D]
 class Pending(Tensor):
     """A tensor whose value is computed when first read (its `_t` slot is empty until then)."""
 
-    __slots__ = ("_shape", "_dtype", "_device", "_inputs", "_waiters")
+    __slots__ = ("_shape", "_dtype", "_device", "_inputs", "_pending_inputs", "_waiters", "_first")
 
     def _init(self, shape, dtype, device, requires_grad, inputs):
         self._shape, self._dtype, self._device = tuple(shape), dtype, device
-        self._waiters = None
+        self._waiters = self._first = None
         self.requires_grad, self.grad, self._node = requires_grad, None, None
         self._hooks = self._post_hooks = None
         self._retains_grad = False
-        # (native, version) of every input the value is computed from (a pending input checks its own when read).
-        self._inputs = tuple(
-            (t._t, t._t.version) for t in inputs if not (isinstance(t, Pending) and not t.is_materialized())
-        )
+        # (tensor, native, version) of every input the value is computed from: neither written nor rebound (an
+        # in-place op with a graph rebinds) before it is computed. A pending input checks its own inputs when read,
+        # and its value, once computed (`_first`, fresh at version 0), is held to the same.
+        pending = tuple(t for t in inputs if isinstance(t, Pending) and not t.is_materialized())
+        held = [t for t in inputs if t is not None and not any(t is q for q in pending)]
+        self._inputs = tuple((t, t._t, t._t.version) for t in held)
+        self._pending_inputs = pending
 
     @property
     def shape(self):
@@ -96,18 +99,19 @@ class Pending(Tensor):
         return True
 
     def _check_inputs(self):
-        for native, version in self._inputs:
-            if native.version != version:
-                raise RuntimeError(
-                    "a tensor that a deferred op of it.compile reads was modified in place before the op ran; "
-                    "clone it before writing to it, or run the model without it.compile"
-                )
+        held = [(p, p._first, 0) for p in self._pending_inputs if p.is_materialized() and p._first is not None]
+        if any(t._t is not native or native.version != v for t, native, v in (*self._inputs, *held)):
+            raise RuntimeError(
+                "a tensor that a deferred op of it.compile reads was modified in place before the op ran; "
+                "clone it before writing to it, or run the model without it.compile"
+            )
 
     def __getattr__(self, name):
         if name != "_t":
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         self._check_inputs()
         self._materialize()
+        self._first = object.__getattribute__(self, "_t")
         for fn in self._waiters or ():
             fn(self)
         self._waiters = None
@@ -362,7 +366,7 @@ class PendingNorm(Pending):
         op = "add_layernorm" if self.kind == "layernorm" else "add_rmsnorm"
         s._check_inputs()
         outs = dispatch.call(op, [a, b, *params], [float(self.eps), "" if fused_dtype == st else fused_dtype])
-        s._t = outs[0]
+        s._t = s._first = outs[0]
         out, stats = Tensor(outs[1]), [Tensor(t) for t in outs[2:]]
         if _needs(s, *params):
             sd = Tensor(s._t)
@@ -426,25 +430,25 @@ class PendingLinear(Pending):
     """linear(x, weight, bias) of a pending norm's output x, computed when read (as the autocast state was when it
     was made), or joined with a tanh GELU and the next linear into linear_gelu_linear."""
 
-    __slots__ = ("x", "weight", "bias", "cast")
+    __slots__ = ("x", "weight", "bias", "cast", "grad_on")
 
     @classmethod
     def make(cls, x, weight, bias):
         p = cls.__new__(cls)
-        p.x, p.weight, p.bias, p.cast = x, weight, bias, amp.autocast_dtype()
+        p.x, p.weight, p.bias, p.cast, p.grad_on = x, weight, bias, amp.autocast_dtype(), autograd.is_grad_enabled()
         out_dtype = p.cast if p.cast is not None and amp.lowers("linear") else dispatch.result_dtype(x, weight)
         if out_dtype not in _FLOATS:
             out_dtype = x.dtype
         shape = (*x.shape[:-1], weight.shape[0])
-        p._init(shape, out_dtype, x.device, _needs(x, weight, bias), (weight,) if bias is None else (weight, bias))
+        p._init(shape, out_dtype, x.device, _needs(x, weight, bias), (x, weight, bias))
         return p
 
     def _materialize(self):
-        if amp.autocast_dtype() == self.cast and autograd.is_grad_enabled() == self.requires_grad:
+        if amp.autocast_dtype() == self.cast and autograd.is_grad_enabled() == self.grad_on:
             out = F.linear_eager(self.x, self.weight, self.bias)  # read where it was made (the usual case)
         else:
             with amp.autocast(dtype=self.cast, enabled=self.cast is not None):
-                with autograd.enable_grad() if self.requires_grad else autograd.no_grad():
+                with autograd.enable_grad() if self.grad_on else autograd.no_grad():
                     out = F.linear_eager(self.x, self.weight, self.bias)
         self._t, self._node = out._t, out._node
 
@@ -486,14 +490,16 @@ def gelu_tanh(x):
 
 
 def linear_of_gelu(x, weight, bias):
-    """linear(gelu(linear(h, w1, b1), "tanh"), weight, bias) as linear_gelu_linear, for an unread pending GELU."""
+    """linear(gelu(linear(h, w1, b1), "tanh"), weight, bias) as linear_gelu_linear, for an unread pending GELU made
+    under the same autocast and grad states. Should the first linear's output be read afterwards, it is computed
+    then as well (correct values and gradients, one GEMM more); models do not read it."""
     if not isinstance(x, PendingGelu) or x.is_materialized() or x.lin.is_materialized():
         return None
     lin = x.lin
-    if amp.autocast_dtype() == lin.cast:
-        return F.linear_gelu_linear(linear_input(lin.x), lin.weight, lin.bias, weight, bias)
-    with amp.autocast(dtype=lin.cast, enabled=lin.cast is not None):
-        return F.linear_gelu_linear(linear_input(lin.x), lin.weight, lin.bias, weight, bias)
+    if amp.autocast_dtype() != lin.cast or autograd.is_grad_enabled() != lin.grad_on:
+        return None  # the two linears run under other autocast or grad states: as the eager ops
+    lin._check_inputs()
+    return F.linear_gelu_linear(linear_input(lin.x), lin.weight, lin.bias, weight, bias)
 
 
 def settle(x):

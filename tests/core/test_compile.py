@@ -322,3 +322,38 @@ def test_the_autocast_policy_table_drives_autocast(monkeypatch):
         monkeypatch.setitem(amp.POLICY, "matmul", "keep")
         monkeypatch.setitem(amp.POLICY, "softmax", "keep")
         assert (a @ b).dtype == "float32" and it.softmax(a.to("bfloat16"), -1).dtype == "bfloat16"
+
+
+def test_deferred_linears_keep_eager_semantics():
+    """The norm-fed linear that waits for a GELU: a write to its input before it runs raises; a GELU and linear
+    issued under another grad or autocast state than the first linear run as the eager ops would."""
+    from infinitrain.compiler import fusing
+
+    ln, fc, proj = nn.LayerNorm(C), nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+    x = it.from_numpy(rng().standard_normal((2, 5, C)).astype(np.float32), device=DEVICE)
+    with fusing():
+        h = ln(x)
+        y = fc(h)
+        h.mul_(2.0)
+        with pytest.raises(RuntimeError, match="modified in place"):
+            y.numpy()
+    for p in (*fc.parameters(), *proj.parameters()):
+        p.grad = None
+    with fusing():
+        with it.no_grad():
+            g = F.gelu(fc(ln(x)), approximate="tanh")
+        out = proj(g)  # the second linear with grad: fc's weight must get none, as eagerly
+    out.sum().backward()
+    assert fc.weight.grad is None and proj.weight.grad is not None
+    with fusing():
+        g = F.gelu(fc(ln(x)), approximate="tanh")
+        with it.autocast(DEVICE, dtype=it.bfloat16):
+            out = proj(g)
+    assert out.dtype == "bfloat16"  # as eagerly: the second linear under autocast
+
+
+def test_run_config_replace_counts_its_changes_as_given():
+    from infinitrain.training import RunConfig
+
+    base = RunConfig(model="llama3", n_layer=1)
+    assert "intermediate_size" in base.replace(intermediate_size=160).present

@@ -20,6 +20,7 @@ from infinitrain.models.moe import Expert, SparseMoE, load_balancing_loss
 from infinitrain.models.sampling import generate
 from infinitrain.parallel import mappings as M
 from infinitrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, Spec, TPModule
+from infinitrain.parallel.layout import LayoutError
 
 
 def _int(cfg, name, lo, hi):
@@ -279,6 +280,8 @@ class AttentionTP(TPModule):
 
     def __init__(self, full, cfg, region):
         super().__init__()
+        if full.q_norm is not None:
+            raise LayoutError("tensor parallelism of attention with a per-head q/k norm (Qwen3) is not implemented")
         tp, r = region.size, region.rank
         nh, nkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
         self.split_heads(cfg, region)

@@ -231,7 +231,8 @@ class RunConfig:
         return cls(**values, present=present)
 
     def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, which count as given (as flags on the command line would)."""
+        return dataclasses.replace(self, **changes, present=self.present | frozenset(changes))
 
     def values(self):
         """{flag name: value} of every flag (what the metrics' config record and checkpoints store)."""

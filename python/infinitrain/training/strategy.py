@@ -22,7 +22,7 @@ import infinitrain as it
 from infinitrain import parallel
 from infinitrain.compiler import fusing
 from infinitrain.data.device import DeviceLoader
-from infinitrain.runs import UsageError
+from infinitrain.runs import TrainError, UsageError
 from infinitrain.tensor import zeros
 from infinitrain.training import checkpoints
 
@@ -311,19 +311,8 @@ class DataParallel(Local):
 
     def resume_from(self, candidates, ckpt_dir, loader, **kw):
         """Rank 0 chooses the checkpoint (falling back past damaged ones); the others load the same file."""
-        store = it.distributed.default_store()
-        if self.mp.rank != 0:
-            path = store.get("train/resume").decode()
-            if not path:
-                return 0, None
-            tensors, meta = checkpoints.read_checkpoint(path)
-            load_optimizer = kw["load_optimizer"]
-            start = self.load(tensors, meta, loader, allow_other_data=kw["allow_other_data"],
-                              load_optimizer=load_optimizer, path=path)  # fmt: skip
-            return start, path
-        start, path = super().resume_from(candidates, ckpt_dir, loader, **kw)
-        store.set("train/resume", (path or "").encode())
-        return start, path
+        return _resume_led_by_rank0(self, loader, kw, lambda: super(DataParallel, self).resume_from(
+            candidates, ckpt_dir, loader, **kw))  # fmt: skip
 
     def stop_requested(self, stop):
         """Whether any rank got a signal (the ranks must agree on the step they stop at, or those going on would
@@ -448,22 +437,36 @@ class ModelParallel(Strategy):
         )  # fmt: skip
 
     def resume_from(self, candidates, ckpt_dir, loader, **kw):
-        store = it.distributed.default_store()
-        if self.mp.rank != 0:
-            path = store.get("train/resume").decode()
-            if not path:
-                return 0, None
-            tensors, meta = checkpoints.read_checkpoint(path)
-            start = self.load(tensors, meta, loader, allow_other_data=kw["allow_other_data"],
-                              load_optimizer=kw["load_optimizer"], path=path)  # fmt: skip
-            return start, path
-        start, path = checkpoints.resume(
-            candidates, ckpt_dir, self.models, self.optimizers, loader, pctx=self.pctx, **kw
-        )
-        store.set("train/resume", (path or "").encode())
-        return start, path
+        return _resume_led_by_rank0(self, loader, kw, lambda: checkpoints.resume(
+            candidates, ckpt_dir, self.models, self.optimizers, loader, pctx=self.pctx, **kw))  # fmt: skip
 
     stop_requested = DataParallel.stop_requested
+
+
+_RESUME_KEY, _RESUME_FAILED = "train/resume", "\0failed"
+
+
+def _resume_led_by_rank0(st, loader, kw, lead):
+    """Rank 0 runs lead() -> (step, path) and publishes the path; the other ranks load the same file. A failure on
+    rank 0 is published too, so the others stop with it instead of waiting for a path forever."""
+    store = it.distributed.default_store()
+    if st.mp.rank != 0:
+        path = store.get(_RESUME_KEY).decode()
+        if path == _RESUME_FAILED:
+            raise TrainError("rank 0 could not resume (its error says why); this rank stops with it")
+        if not path:
+            return 0, None
+        tensors, meta = checkpoints.read_checkpoint(path)
+        start = st.load(tensors, meta, loader, allow_other_data=kw["allow_other_data"],
+                        load_optimizer=kw["load_optimizer"], path=path)  # fmt: skip
+        return start, path
+    try:
+        start, path = lead()
+    except BaseException:
+        store.set(_RESUME_KEY, _RESUME_FAILED.encode())
+        raise
+    store.set(_RESUME_KEY, (path or "").encode())
+    return start, path
 
 
 def check_parallel_model(layout, plan, config, sequence_length, accum):
