@@ -329,7 +329,7 @@ def test_deferred_linears_keep_eager_semantics():
     issued under another grad or autocast state than the first linear run as the eager ops would."""
     from infinitrain.compiler import fusing
 
-    ln, fc, proj = nn.LayerNorm(C), nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+    ln, fc, proj = (m.to(DEVICE) for m in (nn.LayerNorm(C), nn.Linear(C, 4 * C), nn.Linear(4 * C, C)))
     x = it.from_numpy(rng().standard_normal((2, 5, C)).astype(np.float32), device=DEVICE)
     with fusing():
         h = ln(x)
