@@ -16,6 +16,8 @@ training layer chooses fused ops (the residual add joined with the next norm, no
 the linear that reads them, GPT-2's linear + GELU + linear as one node); the models themselves are plain.
 """
 
+import time
+
 import numpy as np
 
 import infinitrain as it
@@ -444,6 +446,7 @@ class ModelParallel(Strategy):
 
 
 _RESUME_KEY, _RESUME_FAILED = "train/resume", "\0failed"
+_ECHO_DELAY_S = 10
 
 
 def _resume_led_by_rank0(st, loader, kw, lead):
@@ -453,6 +456,8 @@ def _resume_led_by_rank0(st, loader, kw, lead):
     if st.mp.rank != 0:
         path = store.get(_RESUME_KEY).decode()
         if path == _RESUME_FAILED:
+            # Give rank 0 time to exit first, so the launcher reports its error rather than this echo of it.
+            time.sleep(_ECHO_DELAY_S)
             raise TrainError("rank 0 could not resume (its error says why); this rank stops with it")
         if not path:
             return 0, None
