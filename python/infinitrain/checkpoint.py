@@ -460,14 +460,81 @@ def _read_exactly(f, n: int, path: str, what: str) -> bytes:
     return data
 
 
+def read_into(path: str, offset: int, out: np.ndarray, what: str, identity=None) -> np.ndarray:
+    """Fills the contiguous array `out` with the file's bytes from `offset` (seek + read: no more memory than
+    `out`). identity: the file's (device, inode, size, mtime) when its header was read; a file replaced or
+    rewritten since is an error, as is one that ends early."""
+    view, got = memoryview(out).cast("B"), 0
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if identity is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != identity:
+                raise ValueError(f"{path}: the file changed after its header was read; load it again")
+            f.seek(offset)
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if got != len(view):
+        raise ValueError(
+            f"{path}: truncated while reading {what}: expected {len(view)} bytes, got {got} (file changed?)"
+        )
+    return out
+
+
+def file_identity(f) -> tuple:
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class LlmcParams:
+    """An llm.c file's parameters as one flat float32 vector, read by offset: flat[a:b] reads just those values
+    from the file (bf16 widened), so a loader holds one tensor at a time besides its model; np.asarray(flat)
+    reads them all."""
+
+    dtype = np.dtype(np.float32)
+    ndim = 1
+
+    def __init__(self, path: str, offset: int, count: int, kind: str, identity: tuple):
+        self.path, self.offset, self.size, self.kind, self.identity = path, offset, count, kind, identity
+        self.shape = (count,)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError(f"llm.c parameters are read by slices, got {key!r}")
+        start, stop, step = key.indices(self.size)
+        if step != 1:
+            raise ValueError("llm.c parameters are read by contiguous slices")
+        return self._read(start, max(start, stop))
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        f32 = self.kind == "f32"
+        raw = np.empty(stop - start, dtype="<f4" if f32 else "<u2")
+        what = f"parameters {start}..{stop}"
+        read_into(self.path, self.offset + start * raw.itemsize, raw, what, self.identity)
+        return raw.astype(np.float32, copy=False) if f32 else bf16_bits_to_float32(raw)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        flat = self._read(0, self.size)
+        return flat if dtype is None else flat.astype(dtype, copy=False)
+
+
 def read_llmc_model(
     path: str | os.PathLike, expected_magic: int, count_fn: Callable, dtype=None, header_words_fn=None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Reads an llm.c model file; returns (header as int32 words, all params as one flat float32 array).
+) -> tuple[np.ndarray, LlmcParams]:
+    """Reads an llm.c model file's header; returns (header as int32 words, the params as one flat float32 vector
+    read by offset: an LlmcParams, whose slices are read from the file when taken).
 
-    count_fn(header) gives the number of parameters the header implies; the file must hold exactly that many.
-    A ValueError it raises (an invalid config field) is reported with the file's name.
-    dtype: None infers it from header[1] (3: float32, 5: bf16); otherwise np.float32 or "bfloat16".
+    count_fn(header) gives the number of parameters the header implies; the file must hold exactly that many,
+    checked against the file's size before any parameter is read (so a header cannot make a loader read or
+    allocate more than the file holds). A ValueError it raises (an invalid config field) is reported with the
+    file's name. dtype: None infers it from header[1] (3: float32, 5: bf16); otherwise np.float32 or "bfloat16".
     header_words_fn(first 256 words): the header's length in words (256 or 512), for formats with two layouts.
     """
     path = os.fspath(path)
@@ -475,7 +542,8 @@ def read_llmc_model(
         raise ValueError(f"{path}: is a directory, not an llm.c model file")
     name = _LLMC_MAGIC_NAMES.get(expected_magic, "llm.c")
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        identity = file_identity(f)
+        size = identity[2]
         if size < LLMC_HEADER_BYTES:
             raise ValueError(
                 f"{path}: truncated llm.c model file: {size} bytes is shorter than the {LLMC_HEADER_BYTES}-byte header"
@@ -524,12 +592,7 @@ def read_llmc_model(
                 f"{path}: the header implies {count} parameters ({expected} bytes), found {found} bytes "
                 f"({found - expected} extra; wrong config or dtype?)"
             )
-        raw = _read_exactly(f, expected, path, "the parameters")
-    if kind == "f32":
-        flat = np.frombuffer(raw, dtype="<f4").astype(np.float32)
-    else:
-        flat = bf16_bits_to_float32(np.frombuffer(raw, dtype="<u2"))
-    return header, flat
+    return header, LlmcParams(path, header_bytes, count, kind, identity)
 
 
 def header_float(header, i: int) -> float:

@@ -251,6 +251,46 @@ def _hf_name(model, name):
     return name if name.startswith("lm_head.") else "model." + model.hf_rename(name)
 
 
+def _param_shapes(model_cls, c):
+    """Our parameter name -> shape of a DecoderLM `model_cls` built from config `c` (as __init__ lays it out)."""
+    C, hd, V = c.n_embd, c.head_dim, c.vocab_size
+    out = {"embed_tokens.weight": (V, C)}
+    for i in range(c.n_layer):
+        p = f"layers.{i}."
+        out[p + "input_layernorm.weight"] = (C,)
+        out[p + "self_attn.q_proj.weight"] = (c.n_head * hd, C)
+        out[p + "self_attn.k_proj.weight"] = out[p + "self_attn.v_proj.weight"] = (c.n_kv_head * hd, C)
+        out[p + "self_attn.o_proj.weight"] = (C, c.n_head * hd)
+        if model_cls.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = out[p + "self_attn.k_norm.weight"] = (hd,)
+        out[p + "post_attention_layernorm.weight"] = (C,)
+        if is_sparse_layer(c, i):
+            I = c.moe_intermediate_size
+            out[p + "mlp.gate.weight"] = (c.num_experts, C)
+            experts = [f"{p}mlp.experts.{e}." for e in range(c.num_experts)]
+        else:
+            I, experts = c.intermediate_size, [p + "mlp."]
+        for q in experts:
+            out[q + "gate_proj.weight"] = out[q + "up_proj.weight"] = (I, C)
+            out[q + "down_proj.weight"] = (C, I)
+    out["norm.weight"] = (C,)
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = (V, C)
+    return out
+
+
+def hf_shapes(model_cls):
+    """HFFormat.shapes of a DecoderLM subclass: its parameters under Hugging Face's names; a tied head's
+    lm_head.weight optional."""
+
+    def shapes(config, cfg, names):
+        ours = _param_shapes(model_cls, config)
+        optional = {"lm_head.weight": ours["embed_tokens.weight"]} if config.tie_word_embeddings else {}
+        return hf.Expected({_hf_name(model_cls, n): s for n, s in ours.items()}, optional, ROPE_BUFFERS)
+
+    return shapes
+
+
 def load_hf(model, t):
     for name, p in model.named_parameters():
         arr = t.take(_hf_name(model, name), p.shape)

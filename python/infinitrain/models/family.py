@@ -41,6 +41,9 @@ class HFFormat:
     load: object  # (model, hf.Tensors) -> None: every parameter taken from the checkpoint's tensors
     save: object  # model -> (config.json dict, {Hugging Face name: array})
     tie: object = None  # (model, config.json dict) -> model, its head tied as the config says
+    # (our config, config.json dict, the tensor names in the files) -> hf.Expected: the names and shapes the files
+    # must hold, checked before the model is built (None: only as load takes them)
+    shapes: object = None
 
 
 @dataclass(frozen=True)
@@ -135,15 +138,20 @@ class Family:
 
     # ---- Hugging Face checkpoints ----
     def from_pretrained(self, path, device="cpu", **config_overrides):
-        """A model from a local Hugging Face checkpoint folder (config.json + safetensors) of this family."""
+        """A model from a local Hugging Face checkpoint folder (config.json + safetensors) of this family. The
+        config's field types, the files' headers and their tensors' names, shapes and dtypes are checked before
+        the model is built; each tensor is read (by its offset) as the model takes it."""
         path = os.fspath(path)
         cfg = hf.read_config(path)
-        self.check_hf(cfg, f"{path}/{hf.CONFIG_FILE}")
-        model = self.build(self.hf.config(cfg, **config_overrides), device)
+        self.check_hf(cfg, hf.where(cfg))
+        config = self.hf.config(cfg, **config_overrides)
+        entries = hf.read_entries(path)
+        if self.hf.shapes is not None:
+            hf.check_entries(entries, self.hf.shapes(config, cfg, set(entries)), path)
+        model = self.build(config, device)
         if self.hf.tie is not None:
             model = self.hf.tie(model, cfg)
-        tensors = hf.Tensors(hf.read_tensors(path), path)
-        self.hf.load(model, tensors)
+        self.hf.load(model, hf.Tensors(entries, path))
         return model
 
     def config_from_hf(self, cfg):
@@ -153,6 +161,8 @@ class Family:
         if self.hf is None:
             raise ValueError(f"{where}: {self.name} models have no Hugging Face format")
         kind = cfg.get("model_type")
+        if not isinstance(kind, str):
+            raise ValueError(f"{where}: field 'model_type' must be a string, got {kind!r}")
         if kind not in self.hf.model_types:
             raise ValueError(f"{where}: model_type {kind!r} is not a {self.model_cls.__name__} checkpoint")
 

@@ -213,11 +213,11 @@ def config_from_hf(cfg, padded_vocab_size=None):
     )
     eps = cfg.get("layer_norm_epsilon", 1e-5)
     if eps != 1e-5:
-        raise ValueError(f"config.json: field 'layer_norm_epsilon' = {eps!r} cannot be represented: GPT2 uses 1e-5")
+        raise ValueError(f"{hf.where(cfg)}: field 'layer_norm_epsilon' = {eps!r} cannot be represented: GPT2 uses 1e-5")
     C = hf.field(cfg, "n_embd")
     if cfg.get("n_inner") not in (None, 4 * C):
         raise ValueError(
-            f"config.json: field 'n_inner' = {cfg['n_inner']!r} cannot be represented: GPT2 uses 4 * n_embd"
+            f"{hf.where(cfg)}: field 'n_inner' = {cfg['n_inner']!r} cannot be represented: GPT2 uses 4 * n_embd"
         )
     hf.require(cfg, "scale_attn_weights", (True,), True, "GPT2 scales attention by 1/sqrt(head dim)")
     hf.require(cfg, "scale_attn_by_inverse_layer_idx", (False,), False, "GPT2 does not scale by layer")
@@ -234,7 +234,25 @@ def config_from_hf(cfg, padded_vocab_size=None):
             n_embd=C,
         ),
         "the GPT-2 config",
+        cfg,
     )
+
+
+def hf_shapes(config, cfg, names):
+    """The tensors a GPT-2 config implies (Hugging Face's names and [in, out] Conv1D layouts), with or without
+    the "transformer." prefix as the files have it; a tied lm_head a file may hold."""
+    C, V = config.n_embd, config.vocab_size
+    prefix = "transformer." if any(n.startswith("transformer.") for n in names) else ""
+    out = {prefix + "wte.weight": (V, C), prefix + "wpe.weight": (config.block_size, C)}
+    for i in range(config.n_layer):
+        p = f"{prefix}h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            out[p + ln + ".weight"] = out[p + ln + ".bias"] = (C,)
+        for name, n_in, n_out in (("attn.c_attn", C, 3 * C), ("attn.c_proj", C, C), ("mlp.c_fc", C, 4 * C),
+                                  ("mlp.c_proj", 4 * C, C)):  # fmt: skip
+            out[p + name + ".weight"], out[p + name + ".bias"] = (n_in, n_out), (n_out,)
+    out[prefix + "ln_f.weight"] = out[prefix + "ln_f.bias"] = (C,)
+    return hf.Expected(out, {"lm_head.weight": (V, C)}, _HF_BUFFERS)
 
 
 def load_hf(model, t):
@@ -385,7 +403,7 @@ FAMILY = Family(
     vocab_fields=_vocab,
     blocks="h",
     lora_targets="attn.c_attn,attn.c_proj",
-    hf=HFFormat(("gpt2",), config_from_hf, load_hf, save_hf),
+    hf=HFFormat(("gpt2",), config_from_hf, load_hf, save_hf, shapes=hf_shapes),
     tensor_parallel=TensorParallelPlan(
         "wte", "h", "ln_f", "attn", "mlp", AttentionTP, MLPTP, _dims, positions="wpe", tied_head=True
     ),

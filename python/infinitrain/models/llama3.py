@@ -311,7 +311,7 @@ def config_from_hf(cfg):
     hidden, heads, kv = hf_decoder_checks(cfg, "LLaMA3")
     if hidden % heads or hf.field(cfg, "head_dim", hidden // heads) != hidden // heads:
         raise ValueError(
-            f"config.json: field 'head_dim' = {cfg.get('head_dim')!r} cannot be represented: "
+            f"{hf.where(cfg)}: field 'head_dim' = {cfg.get('head_dim')!r} cannot be represented: "
             "LLaMA3 uses hidden_size / num_attention_heads"
         )
     hf.field(cfg, "tie_word_embeddings", False, bool)  # checked here; tie_as_hf ties the built model
@@ -323,7 +323,7 @@ def config_from_hf(cfg):
             scaled = True
         elif kind != "default":
             raise ValueError(
-                f"config.json: field 'rope_scaling' = {scaling!r} cannot be represented: LLaMA3 supports none or "
+                f"{hf.where(cfg)}: field 'rope_scaling' = {scaling!r} cannot be represented: LLaMA3 supports none or "
                 f"rope_type 'llama3' with {_HF_SCALING}"
             )
     inter = hf.field(cfg, "intermediate_size")
@@ -343,6 +343,7 @@ def config_from_hf(cfg):
             use_scaled_rope=scaled,
         ),
         "the LLaMA config",
+        cfg,
     )
 
 
@@ -357,6 +358,27 @@ def tie_as_hf(model, cfg):
     if hf.field(cfg, "tie_word_embeddings", False, bool):
         model.tie_head()
     return model
+
+
+def hf_shapes(config, cfg, names):
+    """The tensors a LLaMA config implies; lm_head.weight optional when tie_word_embeddings says the head is the
+    embedding."""
+    c = config
+    C, hd, H, V = c.n_embd, c.head_dim, c.hidden_dim, c.vocab_size
+    out = {"model.embed_tokens.weight": (V, C)}
+    for i in range(c.n_layer):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = out[p + "post_attention_layernorm.weight"] = (C,)
+        out[p + "self_attn.q_proj.weight"] = (c.n_head * hd, C)
+        out[p + "self_attn.k_proj.weight"] = out[p + "self_attn.v_proj.weight"] = (c.n_kv_head * hd, C)
+        out[p + "self_attn.o_proj.weight"] = (C, C)
+        out[p + "mlp.gate_proj.weight"] = out[p + "mlp.up_proj.weight"] = (H, C)
+        out[p + "mlp.down_proj.weight"] = (C, H)
+    out["model.norm.weight"] = (C,)
+    head = {"lm_head.weight": (V, C)}
+    if hf.field(cfg, "tie_word_embeddings", False, bool):
+        return hf.Expected(out, head, _ROPE_BUFFERS)
+    return hf.Expected(dict(out, **head), {}, _ROPE_BUFFERS)
 
 
 def _hf_pairs(model):
@@ -540,7 +562,7 @@ FAMILY = Family(
     make_config=_make_config,
     blocks="h",
     lora_targets="attn.c_attn,attn.c_proj",
-    hf=HFFormat(("llama",), config_from_hf, load_hf, save_hf, tie=tie_as_hf),
+    hf=HFFormat(("llama",), config_from_hf, load_hf, save_hf, tie=tie_as_hf, shapes=hf_shapes),
     tensor_parallel=TensorParallelPlan(
         "wte", "h", "ln_f", "attn", "mlp", AttentionTP, MLPTP, _dims, rotary=lambda c, d, n: rope_tables(c, d, n)
     ),

@@ -75,13 +75,13 @@ def config_from_hf(cfg):
     window = cfg.get("sliding_window")
     if window is not None and (not isinstance(window, int) or window < block):
         raise ValueError(
-            f"config.json: field 'sliding_window' = {window!r} cannot be represented: Mixtral here attends over the "
-            f"whole causal context (null, or at least max_position_embeddings = {block})"
+            f"{hf.where(cfg)}: field 'sliding_window' = {window!r} cannot be represented: Mixtral here attends over "
+            f"the whole causal context (null, or at least max_position_embeddings = {block})"
         )
     jitter = cfg.get("router_jitter_noise", 0.0) or 0.0
     if jitter != 0:
         raise ValueError(
-            f"config.json: field 'router_jitter_noise' = {jitter!r} cannot be represented: no router noise"
+            f"{hf.where(cfg)}: field 'router_jitter_noise' = {jitter!r} cannot be represented: no router noise"
         )
     return hf.build(
         lambda: MixtralConfig(
@@ -97,9 +97,10 @@ def config_from_hf(cfg):
             num_experts_per_tok=hf.field(cfg, "num_experts_per_tok"),
             norm_eps=hf.field(cfg, "rms_norm_eps", 1e-5, float),
             rope_theta=hf.field(cfg, "rope_theta", 1e6, float),
-            router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.02)),
+            router_aux_loss_coef=hf.coefficient(cfg, "router_aux_loss_coef", 0.02),
         ),
         "the Mixtral config",
+        cfg,
     )
 
 
@@ -146,7 +147,7 @@ FAMILY = Family(
     blocks="layers",
     recompute_ok=lambda config: not config.num_experts,
     lora_targets="q_proj,k_proj,v_proj,o_proj",
-    hf=HFFormat(("mixtral",), config_from_hf, decoder.load_hf, save_hf),
+    hf=HFFormat(("mixtral",), config_from_hf, decoder.load_hf, save_hf, shapes=decoder.hf_shapes(Mixtral)),
     tensor_parallel=TensorParallelPlan(
         "embed_tokens",
         "layers",

@@ -55,7 +55,9 @@ def config_from_hf(cfg):
     if cfg.get("model_type") == "qwen3_moe":
         layers = cfg.get("mlp_only_layers") or []
         if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
-            raise ValueError(f"config.json: field 'mlp_only_layers' must be a list of layer numbers, got {layers!r}")
+            raise ValueError(
+                f"{hf.where(cfg)}: field 'mlp_only_layers' must be a list of layer numbers, got {layers!r}"
+            )
         kw = dict(
             num_experts=hf.field(cfg, "num_experts"),
             num_experts_per_tok=hf.field(cfg, "num_experts_per_tok"),
@@ -63,7 +65,7 @@ def config_from_hf(cfg):
             norm_topk_prob=hf.field(cfg, "norm_topk_prob", False, bool),
             decoder_sparse_step=hf.field(cfg, "decoder_sparse_step", 1),
             mlp_only_layers=tuple(layers),
-            router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.001)),
+            router_aux_loss_coef=hf.coefficient(cfg, "router_aux_loss_coef", 0.001),
         )
     return hf.build(
         lambda: Qwen3Config(
@@ -81,6 +83,7 @@ def config_from_hf(cfg):
             **kw,
         ),
         "the Qwen3 config",
+        cfg,
     )
 
 
@@ -120,6 +123,6 @@ FAMILY = Family(
     blocks="layers",
     recompute_ok=lambda config: not config.num_experts,
     lora_targets="q_proj,k_proj,v_proj,o_proj",
-    hf=HFFormat(("qwen3", "qwen3_moe"), config_from_hf, decoder.load_hf, save_hf),
+    hf=HFFormat(("qwen3", "qwen3_moe"), config_from_hf, decoder.load_hf, save_hf, shapes=decoder.hf_shapes(Qwen3)),
 )
 Qwen3.family = FAMILY

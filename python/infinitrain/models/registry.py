@@ -179,10 +179,17 @@ def config_dict(model):
 
 
 def from_config(family_name, fields, device="cpu"):
-    if family_name not in FAMILIES:
+    """A model of a family's name and config fields (as a checkpoint records them: config_dict)."""
+    if not isinstance(family_name, str) or family_name not in FAMILIES:
         raise ModelChoiceError(f"unknown model family {family_name!r}; known: {', '.join(sorted(FAMILIES))}")
+    if not isinstance(fields, dict):
+        raise ModelChoiceError(f"the {family_name} model's config fields are {type(fields).__name__}, not an object")
     family = FAMILIES[family_name]
-    return family.build(family.restore(fields), device)
+    try:
+        config = family.restore(fields)
+    except TypeError as e:  # a field the config does not have (or lacks one it needs)
+        raise ModelChoiceError(f"the {family_name} model's config fields do not fit its config: {e}") from None
+    return family.build(config, device)
 
 
 def family_of_model(model):
@@ -202,6 +209,9 @@ def family_of_config(config):
 def family_of_hf(cfg, where="config.json"):
     """The family whose Hugging Face format reads a config.json dict (its model_type)."""
     kind = cfg.get("model_type")
+    if not isinstance(kind, str):
+        problem = "missing field 'model_type'" if kind is None else f"field 'model_type' must be a string, got {kind!r}"
+        raise ValueError(f"{where}: {problem}")
     for family in FAMILIES.values():
         if family.hf is not None and kind in family.hf.model_types:
             return family
@@ -216,9 +226,12 @@ def config_from_hf(cfg):
 
 
 def from_pretrained(path, device="cpu", **config_overrides):
-    """A model from a local Hugging Face checkpoint folder, of the family its config.json's model_type names."""
-    family = family_of_hf(hf.read_config(os.fspath(path)), f"{os.fspath(path)}/{hf.CONFIG_FILE}")
-    return family.from_pretrained(path, device, **config_overrides)
+    """A model from a local Hugging Face checkpoint folder, of the family its config.json's model_type names.
+    A bad folder raises ValueError (FileNotFoundError when there is none) naming the file and the problem,
+    before the model is built (Family.from_pretrained)."""
+    path = os.fspath(path)
+    cfg = hf.read_config(path)
+    return family_of_hf(cfg, hf.where(cfg)).from_pretrained(path, device, **config_overrides)
 
 
 def save_pretrained(model, path, dtype="float32", max_shard_size="5GB"):
@@ -255,11 +268,17 @@ def _read_config_json(name, path):
     try:
         with open(path) as f:
             cfg = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"--config_json {path}: not valid JSON ({e})") from None
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"--config_json {path}: cannot be read ({e.strerror or e})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"--config_json {path}: expected a JSON object")
-    family, config = config_from_hf(cfg)
+    cfg = hf.Config(cfg, path)  # field errors name the file
+    family = family_of_hf(cfg, path)
+    config = family.config_from_hf(cfg)
     if family is not _family(name):
         raise ValueError(f"--config_json {path} describes a {cfg.get('model_type')} model, but --model={name}")
     return cfg, config
@@ -283,7 +302,7 @@ def load_pretrained(name, path, device="cpu"):
     family = _family(name)
     if os.path.isdir(path):
         cfg = hf.read_config(path)
-        if family_of_hf(cfg) is not family:
+        if family_of_hf(cfg, hf.where(cfg)) is not family:
             raise ValueError(f"--init_from {path} holds a {cfg.get('model_type')} checkpoint, but --model={name}")
         return family.from_pretrained(path, device)
     if not os.path.isfile(path):

@@ -21,6 +21,11 @@ def newest_checkpoint(path):
         import glob
 
         found = sorted(glob.glob(os.path.join(path, "ckpt_*.bin")))
+        if not found and os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(
+                f"{path}: a Hugging Face checkpoint folder, not a train checkpoint (no ckpt_*.bin); "
+                "sample and train read it with --init_from"
+            )
         if not found:
             raise ValueError(f"{path}: no checkpoint (ckpt_*.bin) in this directory")
         return found[-1]
@@ -34,9 +39,12 @@ def model_from_checkpoint(path, device="cpu"):
     path = newest_checkpoint(path)
     tensors, meta = read_checkpoint(path)
     cfg = meta.get("model_config")
-    if not isinstance(cfg, dict) or "family" not in cfg:
+    if not isinstance(cfg, dict) or "family" not in cfg or "fields" not in cfg:
         raise ValueError(f"{path}: the checkpoint does not record its model's config (saved by an older train CLI)")
-    model = registry.from_config(cfg["family"], cfg["fields"], device)
+    try:
+        model = registry.from_config(cfg["family"], cfg["fields"], device)
+    except ValueError as e:  # the recorded config is malformed
+        raise ValueError(f"{path}: {e}") from None
     if meta.get("lora"):  # the adapters the checkpoint's weights include
         from infinitrain.models import lora
 

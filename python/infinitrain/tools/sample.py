@@ -73,6 +73,11 @@ def main(argv=None):
             model, meta = model_from_checkpoint(args.checkpoint, args.device)
             tok_spec = tok_spec or meta.get("tokenizer") or ""
         elif args.init_from:
+            if not os.path.isdir(args.init_from):
+                raise ValueError(
+                    f"--init_from={args.init_from}: no such folder (a Hugging Face checkpoint folder; an llm.c "
+                    "model file goes to --llmc_filepath)"
+                )
             model = registry.from_pretrained(args.init_from, args.device)
         else:
             model = model_from_llmc(args.llmc_filepath, args.device)
