@@ -7,18 +7,26 @@ failure on one node stops the others. When a worker fails, the launcher stops th
 after --stop_timeout seconds), prints the failing rank's last lines and exits with its exit code. SIGINT and
 SIGTERM are passed on to the workers (a second SIGINT kills them). Unless OMP_NUM_THREADS is set, each worker
 gets OMP_NUM_THREADS=1 when there are several per node (as torchrun does): set it to give them more.
+
+The store listens on --master_addr only (loopback by default; --store_bind_addr=0.0.0.0 for every interface) and
+serves only processes that present the run's secret: a single-node launcher makes one and hands it to its workers
+as INFINITRAIN_STORE_TOKEN; with several nodes the user sets INFINITRAIN_STORE_TOKEN, the same on every node.
 """
 
 import argparse
 import collections
+import ipaddress
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
 TAIL = 20
+TOKEN_ENV = "INFINITRAIN_STORE_TOKEN"
 
 
 def parse(argv):
@@ -31,6 +39,12 @@ def parse(argv):
         "--master_port", "--master-port", type=int, default=29500, help="port of the store on node 0 (0: a free one)"
     )
     p.add_argument("--rdzv_endpoint", "--rdzv-endpoint", default=None, help="host:port, instead of the two above")
+    p.add_argument(
+        "--store_bind_addr",
+        "--store-bind-addr",
+        default=None,
+        help="the address node 0's store listens on (default: --master_addr; 0.0.0.0: every interface)",
+    )
     p.add_argument("--rdzv_timeout", type=float, default=300.0, help="seconds to wait for every rank to join")
     p.add_argument("--stop_timeout", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("-m", "--module", action="store_true", help="run the script argument as a module (python -m)")
@@ -83,6 +97,25 @@ class Worker:
                 pass
 
 
+def _warn_if_loopback(name):
+    """A host name that resolves to loopback here (Debian's /etc/hosts maps the host's own name to 127.0.1.1)
+    would leave the store out of the other nodes' reach."""
+    try:
+        ipaddress.ip_address(name)
+        return  # an address given as such is meant
+    except ValueError:
+        pass
+    try:
+        addr = socket.gethostbyname(name)
+    except OSError:
+        return  # the store reports it
+    if name != "localhost" and ipaddress.ip_address(addr).is_loopback:
+        sys.stderr.write(
+            f"infinitrain.run: warning: --master_addr={name} is {addr} here, a loopback address other nodes cannot "
+            "reach; give node 0's own address, or --store_bind_addr=0.0.0.0 to listen on every interface\n"
+        )
+
+
 def _exit_code(rc):
     return 128 - rc if rc < 0 else rc  # killed by signal s: 128 + s, as a shell reports it
 
@@ -92,11 +125,23 @@ def main(argv=None):
     from infinitrain import _C  # after parsing: --help needs no native core
 
     world = a.nnodes * a.nproc_per_node
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        if a.nnodes > 1:
+            # Other nodes' launchers cannot learn a secret made here: the user hands the same one to all.
+            sys.stderr.write(
+                f"infinitrain.run: --nnodes={a.nnodes} needs {TOKEN_ENV} set to the same secret on every node "
+                f"(e.g. export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_hex(16))'))\n"
+            )
+            return 2
+        token = secrets.token_hex(16)
+    serve = a.node_rank == 0
+    bind = a.store_bind_addr or a.master_addr
+    if serve and a.nnodes > 1 and not a.store_bind_addr:
+        _warn_if_loopback(a.master_addr)
     try:
-        store = _C.TcpStore(
-            "0.0.0.0" if a.node_rank == 0 else a.master_addr, a.master_port, a.node_rank == 0, a.rdzv_timeout
-        )
-    except (OSError, RuntimeError, TimeoutError) as e:
+        store = _C.TcpStore(bind if serve else a.master_addr, a.master_port, serve, a.rdzv_timeout, token=token)
+    except (OSError, RuntimeError, TimeoutError, ValueError) as e:  # PermissionError (a refused token) is an OSError
         sys.stderr.write(f"infinitrain.run: cannot reach or serve the store at {a.master_addr}:{a.master_port}: {e}\n")
         return 1
     port = store.port  # the one chosen, for --master_port=0
@@ -108,6 +153,7 @@ def main(argv=None):
         MASTER_ADDR=a.master_addr,
         MASTER_PORT=str(port),
         INFINITRAIN_STORE_SERVED="1",
+        INFINITRAIN_STORE_TOKEN=token,
         INFINITRAIN_DIST_TIMEOUT_S=str(a.rdzv_timeout),
         PYTHONUNBUFFERED="1",
     )

@@ -87,6 +87,7 @@ def _launch(nodes, tmp_path, **env):
     script.write_text(textwrap.dedent(WORKER))
     master = nodes[0][1]
     full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TEST_DEVICE=TYPE, **env)
+    full["INFINITRAIN_STORE_TOKEN"] = "the secret both nodes' launchers are given"
     procs = []
     for k, (ns, _) in enumerate(nodes):
         cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "infinitrain.run", "--nnodes=2", f"--node_rank={k}"]

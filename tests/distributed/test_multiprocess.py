@@ -212,6 +212,7 @@ def test_rendezvous_timeout_names_the_missing_ranks(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(PRELUDE + "dist.init_process_group(timeout=3)\n")
     env = _env(WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK="0")
+    env.pop("INFINITRAIN_STORE_TOKEN", None)  # started as PyTorch users start ranks: loopback needs no secret
     procs = [
         subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)), stderr=subprocess.PIPE, text=True)
         for r in (0, 1)

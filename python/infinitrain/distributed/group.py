@@ -12,7 +12,9 @@ Every rank must issue the same collectives in the same order, as with PyTorch.
 
 import atexit
 import datetime
+import ipaddress
 import os
+import secrets
 import socket
 import threading
 
@@ -20,6 +22,7 @@ from infinitrain import _C
 from infinitrain.distributed import comm as _comm
 
 _DEFAULT_TIMEOUT = 300.0
+_TOKEN_ENV = "INFINITRAIN_STORE_TOKEN"
 
 
 class ProcessGroup:
@@ -216,7 +219,10 @@ def init_process_group(
     backend is accepted for PyTorch's sake: None, "gloo", or the registered provider's CCL; the device of each
     tensor chooses. Waits for every rank, up to timeout (seconds or a timedelta; default 300, or
     INFINITRAIN_DIST_TIMEOUT_S), then raises TimeoutError naming the ranks that did not come. A timeout given
-    here also bounds each cpu collective (otherwise INFINITRAIN_CCL_TIMEOUT_S, default 300 s)."""
+    here also bounds each cpu collective (otherwise INFINITRAIN_CCL_TIMEOUT_S, default 300 s). The store serves
+    only processes that present INFINITRAIN_STORE_TOKEN (infinitrain.run sets it; ranks started otherwise need
+    the same secret, unless MASTER_ADDR is loopback); a serving rank 0 listens on MASTER_ADDR, or INFINITRAIN_STORE_BIND_ADDR (0.0.0.0: every
+    interface)."""
     if _state["world"] is not None:
         raise RuntimeError("init_process_group: already initialised (destroy_process_group() first)")
     if backend not in (None, "gloo", "nccl", "mccl", "cuda", "maca", "sim", "cpu"):
@@ -230,7 +236,11 @@ def init_process_group(
     if store is None:
         host, port = _address(init_method)
         serve_here = rank == 0 and os.environ.get("INFINITRAIN_STORE_SERVED") != "1"
-        store = _C.TcpStore("0.0.0.0" if serve_here else host, port, serve_here, seconds)
+        bind = os.environ.get("INFINITRAIN_STORE_BIND_ADDR") or host  # 0.0.0.0: every interface
+        token = _store_token(world_size, serve_here, bind if serve_here else host, port)
+        store = _C.TcpStore(bind if serve_here else host, port, serve_here, seconds, token=token)
+    elif getattr(store, "token", None) and not os.environ.get(_TOKEN_ENV):
+        os.environ[_TOKEN_ENV] = store.token  # Gloo's store client (C++) reads the token from the environment
     _load_gloo()
     # The address other ranks reach the store at (a serving rank 0's own is MASTER_ADDR, not loopback).
     advertised = host if serve_here else store.host
@@ -254,6 +264,33 @@ def init_process_group(
             f"init_process_group: rank {rank} waited {seconds:g} s at the store {store.host}:{store.port}; {who}"
         ) from None
     _state.update(world=ProcessGroup(f"world{gen}", range(world_size), rank, store), store=store, groups=0)
+
+
+def _store_token(world_size, serve_here, addr, port):
+    """The run's store secret: INFINITRAIN_STORE_TOKEN (infinitrain.run sets it), or, for ranks started as PyTorch
+    users start them (MASTER_ADDR on loopback, no launcher), one derived from the port: such a store is reachable
+    from this host only. A world of one makes a fresh one."""
+    token = os.environ.get(_TOKEN_ENV)
+    if not token:
+        if world_size == 1 and serve_here:
+            token = secrets.token_hex(16)
+        elif _is_loopback(addr):
+            token = f"loopback:{port}"
+        else:
+            raise ValueError(
+                f"init_process_group: {_TOKEN_ENV} is not set and the store at {addr}:{port} is not on loopback: "
+                "infinitrain.run sets it for its workers; ranks started otherwise need the same secret in each "
+                "one's environment (python -c 'import secrets; print(secrets.token_hex(16))')"
+            )
+        os.environ[_TOKEN_ENV] = token  # Gloo's store client (C++) reads it from the environment
+    return token
+
+
+def _is_loopback(addr):
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def _address(init_method):
