@@ -28,10 +28,12 @@ Format 1, the container written before, still loads (read-only):
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Callable
@@ -57,27 +59,45 @@ LLMC_VERSION_BF16 = 5
 _LLMC_MAGIC_NAMES = {LLMC_MAGIC_GPT2: "GPT-2", LLMC_MAGIC_LLAMA3: "LLaMA 3"}
 
 
+def file_kind(st_mode: int) -> str:
+    """What a stat mode describes, in words ("regular file", "directory", "FIFO", ...)."""
+    for test, name in (
+        (stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"),
+    ):  # fmt: skip
+        if test(st_mode):
+            return name
+    return "special file"
+
+
 def atomic_write(path: str | os.PathLike, write_fn: Callable) -> None:
     """Calls write_fn(binary file) on a temp file beside `path`, then fsyncs and renames it over `path`.
 
     A crash or exception before the rename leaves any previous `path` untouched and removes the temp file.
+    A symlink is written through: the file it names is replaced and the link kept. A target that is not a
+    regular file (a directory, device node, FIFO or socket) is refused with an OSError, never replaced.
     """
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    target = os.path.realpath(path)  # a symlink (or a symlinked folder) names the file to replace
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = file_kind(st.st_mode)
+        code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
+        raise OSError(code, f"is a {kind}, not a regular file; refusing to replace it", path)
+    directory = os.path.dirname(target)
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(target) + ".", suffix=".tmp")
     try:
         # mkstemp makes 0600 files; keep an existing file's mode, else use the usual 0644.
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-        os.fchmod(fd, mode)
+        os.fchmod(fd, st.st_mode & 0o7777 if st is not None else 0o644)
         with os.fdopen(fd, "wb") as f:
             write_fn(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)

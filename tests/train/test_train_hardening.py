@@ -223,8 +223,8 @@ def test_two_runs_on_one_checkpoint_directory_the_second_is_refused(corpus, tmp_
     finally:
         first.kill()
         finish(first)
-    # The kernel released the killed run's lock.
-    run_train(f"--input_bin={corpus}", "--num_iteration=1", *TINY, f"--checkpoint_dir={ckpt}")
+    # The kernel released the killed run's lock (--fresh: the killed run's metrics file is another run's).
+    run_train(f"--input_bin={corpus}", "--num_iteration=1", *TINY, f"--checkpoint_dir={ckpt}", "--fresh")
 
 
 def test_resume_refuses_other_data_of_the_same_length(corpus, tmp_path):

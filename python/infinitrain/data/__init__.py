@@ -4,6 +4,7 @@ Pure NumPy; importable without the C++ extension.
 """
 
 from .hf_tokenizer import HFTokenizer, tokenize_files, train_bpe
+from .inputs import check_input
 from .loader import DataLoader
 from .shakespeare import default_cache_dir, default_corpus, default_corpus_path
 from .tokenizer import ByteTokenizer, Tokenizer
@@ -17,6 +18,7 @@ __all__ = [
     "MAGIC_LLAMA3",
     "TokenFile",
     "Tokenizer",
+    "check_input",
     "default_cache_dir",
     "default_corpus",
     "default_corpus_path",

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..checkpoint import atomic_write
+from .inputs import check_input
 from .tokenizer import ByteTokenizer
 from .tokens import read_tokens, write_tokens
 
@@ -35,8 +36,9 @@ class HFTokenizer:
         from tokenizers import Tokenizer
 
         path = os.fspath(path)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             raise FileNotFoundError(f"{path}: no such tokenizer file")
+        check_input(path, what="a tokenizer.json file")
         with _refused(f"{path}: not a valid tokenizer.json"):
             return cls(Tokenizer.from_file(path))
 

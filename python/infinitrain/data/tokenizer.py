@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..checkpoint import atomic_write
+from .inputs import check_input
 from .tokens import HEADER_BYTES, HEADER_WORDS
 
 TOKENIZER_MAGIC_GPT2 = 20240328
@@ -55,8 +56,7 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
         path = os.fspath(path)
-        if os.path.isdir(path):
-            raise ValueError(f"{path}: is a directory, not an llm.c tokenizer file")
+        check_input(path, what="an llm.c tokenizer file")  # a FIFO or device would block or never end the read
         with open(path, "rb") as f:
             data = f.read()
         if len(data) < HEADER_BYTES:

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import tempfile
 import time
 
@@ -20,6 +21,13 @@ from infinitrain import checkpoint
 
 CKPT_PATTERN = "ckpt_*.bin"
 LOCK_NAME = ".lock"
+METRICS_NAME = "metrics.jsonl"
+# What runs write in their checkpoint directory, by name: checkpoints with their shards and damaged ones
+# (ckpt_*), the metrics, the precision checker's record, profiles, TensorBoard event files. A run that starts
+# over refuses a directory holding any of these (another run's); other files are the user's and left alone.
+RUN_FILE_PATTERNS = ("ckpt_*", METRICS_NAME, "precision.jsonl", "*.profile.md", "*.trace.json", "events.out.tfevents.*")
+# Where --fresh sets another run's files aside (inside the directory: no second file system, nothing deleted).
+EARLIER_PREFIX = "earlier-run-"
 
 
 class UsageError(ValueError):
@@ -48,6 +56,9 @@ class CheckpointDir:
 
     def __init__(self, directory, keep=2):
         self.directory, self.keep = directory, keep
+        kind = _kind_of(directory)
+        if kind not in (None, "directory"):  # /dev/null, a file: never written into or replaced
+            raise UsageError(f"--checkpoint_dir={directory}: is a {kind}, not a directory")
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as e:
@@ -63,10 +74,27 @@ class CheckpointDir:
         self._lock_fd = None
         self._lock()
         self.removed = self._remove_stale_temporaries()
+        for path in self.checkpoints():  # a save would fail on (or replace) one of these only after training
+            kind = _kind_of(path) or "dangling symlink"
+            if kind != "regular file":
+                self.close()
+                raise UsageError(
+                    f"--checkpoint_dir={directory}: {os.path.basename(path)} is a {kind}, not a checkpoint file; "
+                    "move it away"
+                )
 
     def _lock(self):
         path = os.path.join(self.directory, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a symlink, and only a regular file: the owner's line is written into it
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            why = "is a symlink" if e.errno == errno.ELOOP else e.strerror
+            raise UsageError(f"--checkpoint_dir={self.directory}: cannot lock {path}: {why}") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            kind = checkpoint.file_kind(mode)
+            raise UsageError(f"--checkpoint_dir={self.directory}: cannot lock {path}: it is a {kind}")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -104,6 +132,38 @@ class CheckpointDir:
     def checkpoints(self):
         return sorted(glob.glob(os.path.join(self.directory, CKPT_PATTERN)))
 
+    def run_files(self):
+        """Names of the entries a run writes (RUN_FILE_PATTERNS) found in the directory, sorted."""
+        names = set()
+        for pattern in RUN_FILE_PATTERNS:
+            names.update(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(self.directory), pattern)))
+        return sorted(names)
+
+    def set_aside(self, names):
+        """Moves these entries into a new <directory>/earlier-run-<time>/ (same file system: renames); returns it."""
+        base = os.path.join(self.directory, EARLIER_PREFIX + time.strftime("%Y%m%d-%H%M%S"))
+        target, n = base, 1
+        while True:
+            try:
+                os.mkdir(target)
+                break
+            except FileExistsError:
+                target, n = f"{base}-{n}", n + 1
+        for name in names:
+            os.rename(os.path.join(self.directory, name), os.path.join(target, name))
+        return target
+
+    def checkpoint_bytes(self):
+        """Bytes the directory's checkpoints (and their shards) take: rotation can reclaim them."""
+        total = 0
+        for path in glob.glob(os.path.join(glob.escape(self.directory), "ckpt_*.bin*")):
+            if not path.endswith(".damaged") and ".damaged." not in os.path.basename(path):
+                try:
+                    total += os.stat(path).st_size
+                except OSError:
+                    pass
+        return total
+
     def _free_bytes(self):
         st = os.statvfs(self.directory)
         return st.f_bavail * st.f_frsize
@@ -127,9 +187,12 @@ class CheckpointDir:
         return path
 
     def mark_damaged(self, path):
-        """Moves a damaged checkpoint out of the way (kept for inspection); returns its new name."""
-        target = path + ".damaged"
-        os.replace(path, target)
+        """Moves a damaged checkpoint out of the way (kept for inspection; an earlier damaged one of the same
+        name too); returns its new name."""
+        target, n = path + ".damaged", 1
+        while os.path.lexists(target):
+            target, n = f"{path}.damaged.{n}", n + 1
+        os.rename(path, target)
         return target
 
 
@@ -156,8 +219,9 @@ def read_checkpoint(path):
 
 
 class StopRequest:
-    """SIGTERM and the first Ctrl-C ask the loop to stop after the current step and save a checkpoint; a second
-    Ctrl-C aborts at once (KeyboardInterrupt; a save in progress removes its temporary file)."""
+    """SIGTERM and the first Ctrl-C ask the run to stop at the next micro-batch boundary (the step in progress is
+    given up) and save the last completed step; a second Ctrl-C aborts at once (KeyboardInterrupt; a save in
+    progress removes its temporary file)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -181,12 +245,45 @@ class StopRequest:
             return
         self.signum = signum
         # os.write, not print: a handler that prints while the loop prints raises "reentrant call".
-        os.write(2, f"\n{signal.Signals(signum).name}: stopping after this step (Ctrl-C again aborts)\n".encode())
+        name = signal.Signals(signum).name
+        note = f"\n{name}: stopping after this micro-batch, at the last completed step (Ctrl-C again aborts)\n"
+        os.write(2, note.encode())
+
+
+# ---- output files -----------------------------------------------------------------------------------------------
+
+
+def _kind_of(path):
+    """What `path` is (symlinks followed): checkpoint.file_kind's words, or None when nothing is there."""
+    try:
+        return checkpoint.file_kind(os.stat(path).st_mode)
+    except OSError:
+        return None  # nothing there (or unreachable): the open that follows says which
+
+
+def open_output(path, mode="a"):
+    """Opens a file a run streams into (metrics, logs, records), text mode "a" or "w". A symlink is written
+    through; a regular file or a character device (/dev/null, a terminal) is opened as asked; a FIFO only when
+    its reader is there (opening it would block until one comes). A directory, block device or socket raises
+    OSError: never written into."""
+    kind = _kind_of(path)
+    if kind not in (None, "regular file", "character device", "FIFO (named pipe)"):
+        code = errno.EISDIR if kind == "directory" else errno.EINVAL
+        raise OSError(code, f"is a {kind}, not a file to write to")
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    fifo = kind == "FIFO (named pipe)"
+    try:
+        fd = os.open(path, flags | (os.O_NONBLOCK if fifo else 0), 0o644)
+    except OSError as e:
+        if fifo and e.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "is a FIFO (named pipe) with no reader; start its reader first") from None
+        raise
+    if fifo:  # opened: writes may block again (the reader sets the pace)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return os.fdopen(fd, mode)
 
 
 # ---- metrics ----------------------------------------------------------------------------------------------------
-
-METRICS_NAME = "metrics.jsonl"
 
 
 def default_run_dir(model_name):
@@ -207,7 +304,9 @@ class MetricsLog:
             parent = os.path.dirname(path)
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            self.f = open(path, "a")
+            self.f = open_output(path, "a")
+            if _ends_mid_line(path):  # a run killed while writing: its partial line must not swallow our first
+                self.f.write("\n")
             self.f.flush()
         except OSError as e:
             raise UsageError(f"{flag}={path}: cannot open it: {e.strerror or e}") from None
@@ -238,6 +337,18 @@ class MetricsLog:
                     f.close()
             except OSError:
                 pass
+
+
+def _ends_mid_line(path):
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or not st.st_size:  # never opens a FIFO or device to read it
+            return False
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 _TB_TAGS = {

@@ -24,6 +24,7 @@ import os
 import numpy as np
 
 from infinitrain import dispatch, fusion
+from infinitrain.runs import open_output
 from infinitrain.tensor import Tensor
 
 FORMAT_VERSION = 1
@@ -128,7 +129,7 @@ class Recorder:
     def __init__(self, path, steps, *, level=2, with_hash=True, meta=None, device=None):
         self.path, self.steps, self.level, self.with_hash = path, set(steps), level, with_hash
         self.device = device
-        self._f = open(path, "w")
+        self._f = open_output(path, "w")  # never blocks on a FIFO or writes into a block device
         self._write({"precision_check": {"version": FORMAT_VERSION, "steps": sorted(self.steps), "level": level}})
         if meta:
             self._write({"meta": meta})

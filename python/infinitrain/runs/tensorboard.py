@@ -5,6 +5,7 @@ payload) whose payloads are `Event` protocol buffers; scalars are `Event{wall_ti
 simple_value}}}`. Those few fields are encoded here by hand (and read back by `read_scalars`, for tests).
 """
 
+import errno
 import os
 import socket
 import struct
@@ -72,10 +73,12 @@ class SummaryWriter:
     """add_scalar(tag, value, step) into <log_dir>/events.out.tfevents.<time>.<host>; flushes every write."""
 
     def __init__(self, log_dir):
+        if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", log_dir)
         os.makedirs(log_dir, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
         self.path = os.path.join(log_dir, name)
-        self._f = open(self.path, "wb")
+        self._f = open(self.path, "xb")  # a new file: an entry of that name (a symlink, a FIFO) is not ours
         self._write(_event(time.time(), 0, file_version="brain.Event:2"))
 
     def _write(self, payload):

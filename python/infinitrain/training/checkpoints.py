@@ -146,19 +146,24 @@ def checkpoint_candidates(path):
 
 
 def resume(
-    candidates, ckpt_dir, models, optimizers, loader, *, where, extend=False, load_optimizer=True, pctx=None, **check
-):
+    candidates, ckpt_dir, models, optimizers, loader, *, where, extend=False, load_optimizer=True, pctx=None,
+    before_scratch=None, **check,
+):  # fmt: skip
     """Continues from the newest intact checkpoint of `candidates`; damaged ones in the run's own (locked)
-    directory are set aside with a warning, others skipped. Returns (the step, the checkpoint's path), or (0, None)."""
+    directory are set aside with a warning, others skipped. Returns (the step, the checkpoint's path), or (0, None)
+    when there is none: before_scratch() may refuse that (raising)."""
     if not candidates:
+        if before_scratch is not None:
+            before_scratch()
         print(f"no checkpoint in {where}; starting from scratch")
         return 0, None
+    moved_any = False
     for path in reversed(candidates):
         try:
             tensors, meta = read_checkpoint(path)
         except ValueError as e:
             if ckpt_dir is not None and os.path.dirname(os.path.abspath(path)) == os.path.abspath(ckpt_dir.directory):
-                moved = ckpt_dir.mark_damaged(path)
+                moved, moved_any = ckpt_dir.mark_damaged(path), True
                 print(f"warning: {e}; moved it to {moved} and falling back to an older checkpoint", file=sys.stderr)
             else:
                 print(f"warning: {e}; falling back to an older checkpoint", file=sys.stderr)
@@ -178,7 +183,10 @@ def resume(
         )
         print(f"resumed from {path} at step {start}")
         return start, path
-    raise TrainError(f"no intact checkpoint in {where}: every one was damaged (see the warnings above)")
+    hint = "; to start over there, pass --fresh instead of --resume (it moves that run's files aside)"
+    raise TrainError(
+        f"no intact checkpoint in {where}: every one was damaged (see the warnings above){hint if moved_any else ''}"
+    )
 
 
 def save_parallel_checkpoint(ckpt_dir, step, pctx, optimizer, loader, *, model_name, run, data, extra,

@@ -171,6 +171,10 @@ class RunConfig:
     resume: bool = flag(
         False, "Continue exactly from the newest intact checkpoint in --save (same settings).", "checkpoints"
     )
+    fresh: bool = flag(
+        False, "Start over in --save although it holds another run's files (moved into <--save>/earlier-run-<time>/).",
+        "checkpoints",
+    )  # fmt: skip
     allow_other_data: bool = flag(
         False, "Let --resume/--load continue on training data other than the checkpoint's.", "checkpoints"
     )
@@ -275,6 +279,13 @@ class RunConfig:
             raise UsageError("--resume needs --checkpoint_dir (or --save)")
         if self.resume and self.load:
             raise UsageError("--resume and --load: pick one (--resume continues --save exactly; --load may extend)")
+        if self.fresh and not self.save:
+            raise UsageError("--fresh needs --checkpoint_dir (or --save): it starts over in that directory")
+        if self.fresh and self.resume:
+            raise UsageError(
+                "--fresh and --resume: pick one (--resume continues the run in --save; --fresh sets its files aside "
+                "and starts over)"
+            )
         if self.nthread_per_process > 1 and self.devices:
             raise UsageError("--nthread_per_process and --devices both choose devices; pick one")
 

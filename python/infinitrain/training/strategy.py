@@ -29,6 +29,15 @@ from infinitrain.tensor import zeros
 from infinitrain.training import checkpoints
 
 
+class StepAbandoned(Exception):  # noqa: N818 (not an error: a signal asked the run to stop)
+    """A step given up between micro-batches because the run was asked to stop; nothing was applied (the
+    optimizer did not step), so the model and optimizer are those of the last completed step."""
+
+    def __init__(self, step, done, accum):
+        super().__init__(f"step {step} given up after {done} of {accum} micro-batches")
+        self.step, self.done, self.accum = step, done, accum
+
+
 class Nothing:
     """A do-nothing context (profile marks and precision phases when they are off)."""
 
@@ -102,6 +111,7 @@ class Strategy:
     rows = 1  # B-row shares of each global micro-batch (the loader reads B * rows rows)
     lead = True
     samples = True  # whether samples can be drawn from `model`
+    stop = None  # the run's StopRequest (the Trainer sets it): a step checks it between micro-batches
 
     def __init__(self, cfg, devices):
         self.cfg, self.devices, self.device = cfg, devices, devices[0]
@@ -139,6 +149,11 @@ class Strategy:
 
     def stop_requested(self, stop):
         return bool(stop.signum)
+
+    def abandon_step(self):
+        """Whether the step in progress should be given up at this micro-batch boundary (a signal came). Every
+        process of a run calls it at the same boundaries: under the launcher it is a collective."""
+        return self.stop is not None and self.stop_requested(self.stop)
 
 
 # ---- one process -------------------------------------------------------------------------------------------------
@@ -216,6 +231,10 @@ class Local(Strategy):
                         with mark("backward"), phase("backward"):
                             loss.backward()  # under the launcher, DDP averages the gradients across the processes
                     loss_sums[r] = loss.detach() if loss_sums[r] is None else loss_sums[r] + loss.detach()
+                # A signal gives up the step here rather than after the rest of its micro-batches (a step of many
+                # can take minutes); nothing was applied yet.
+                if k < accum - 1 and self.abandon_step():
+                    raise StepAbandoned(step + 1, k + 1, accum)
             with mark("optimizer"), phase("optimizer"):
                 if n > 1:
                     self._average_gradients()
@@ -403,7 +422,7 @@ class ModelParallel(Strategy):
 
     def step(self, step, lr, loader, accum, prof=None, rec=None):
         """The pipeline over `accum` micro-batches, the gradients made whole and clipped, the step; the same loss
-        and norm on every rank."""
+        and norm on every rank. One schedule runs every micro-batch: a signal stops the run after the step."""
         self.optimizer.lr = lr
         self.optimizer.zero_grad()
         it.runtime.reset_peak_memory_stats(self.device)

@@ -17,7 +17,16 @@ import numpy as np
 
 import infinitrain as it
 from infinitrain import parallel
-from infinitrain.data import ByteTokenizer, DataLoader, HFTokenizer, Tokenizer, default_corpus, read_tokens_header
+from infinitrain.checkpoint import file_kind
+from infinitrain.data import (
+    ByteTokenizer,
+    DataLoader,
+    HFTokenizer,
+    Tokenizer,
+    check_input,
+    default_corpus,
+    read_tokens_header,
+)
 from infinitrain.data.tokens import token_file_identity
 from infinitrain.models import lora
 from infinitrain.models import registry as models_registry
@@ -33,6 +42,7 @@ from infinitrain.runs import (
     TrainError,
     UsageError,
     default_run_dir,
+    open_output,
     precision,
 )
 from infinitrain.training import checkpoints, strategy
@@ -44,6 +54,10 @@ RUN_FLAGS = (
     "lr_warmup_init", "lr_decay_style", "min_lr", "lr_decay_iters", "optimizer", "weight_decay", "grad_clip", "dtype",
     "seed", "overfit_single_batch", "llmc_filepath", *models_registry.RUN_FLAGS,
 )  # fmt: skip
+
+
+# Micro-batches per step beyond which --total_batch_size is taken for a mistake (a step that would take ages).
+MAX_ACCUMULATION = 1 << 16
 
 
 class Launched:
@@ -102,6 +116,12 @@ class Plan:
                 f"batch_size*sequence_length*{what}={B * T * replicas}"
             )
         self.accum = self.total // (B * T * replicas)
+        if self.accum > MAX_ACCUMULATION:
+            raise UsageError(
+                f"--total_batch_size={self.total}: a step of {self.accum} micro-batches of {B}x{T} tokens"
+                f"{f' x {replicas} replicas' if replicas > 1 else ''}; more than {MAX_ACCUMULATION} per step is "
+                "refused (such a step hardly ever finishes): raise --batch_size or lower --total_batch_size"
+            )
         self.replicas = replicas
         try:
             self.schedule = Schedule(
@@ -148,6 +168,8 @@ class Trainer:
         outputs = _Outputs(cfg, lead)
         try:
             with StopRequest() as stop:  # signals stop the run cleanly from here on
+                self.strategy.stop = stop  # a step checks it between micro-batches
+                self.abandoned = None
                 self._setup(outputs)
                 done = start = self.start
                 self.last_saved = start or None
@@ -155,7 +177,8 @@ class Trainer:
                     for step in range(start, cfg.num_iteration):
                         if self.strategy.stop_requested(stop):
                             break
-                        self._step(step)
+                        if self._step(step) is None:
+                            break  # a signal gave the step up between micro-batches
                         done = step + 1
                         if cfg.save and self._due(cfg.save_interval, done):
                             with self._pause():
@@ -177,6 +200,7 @@ class Trainer:
                 self._finish()
                 return 0
         finally:
+            self.strategy.stop = None
             outputs.close()
 
     def _due(self, every, done):
@@ -191,8 +215,17 @@ class Trainer:
         mark = self.prof.mark(f"step {step + 1}") if self.prof is not None else strategy.Nothing()
         t0 = time.time()
         lr = plan.schedule(step)
+        # A step given up midway must leave the data position and the generator as the last completed step left
+        # them: the checkpoint saved at the stop holds them, and a resumed run redoes this step from there.
+        loader_state, rng_state = self.loader.state_dict(), it.random.default_generator.get_state()
         with mark:
-            train_loss, norm = self.strategy.step(step, lr, self.loader, plan.accum, self.prof, self.recorder)
+            try:
+                train_loss, norm = self.strategy.step(step, lr, self.loader, plan.accum, self.prof, self.recorder)
+            except strategy.StepAbandoned as e:
+                self.loader.load_state_dict(loader_state)
+                it.random.default_generator.set_state(rng_state)
+                self.abandoned = e
+                return None
         ms = (time.time() - t0) * 1000
         if self.prof is not None and step + 1 == max(self.profile_steps):
             self.prof.__exit__(None, None, None)
@@ -236,12 +269,15 @@ class Trainer:
         or file fails before any of that."""
         cfg = self.cfg
         self.outputs = outputs
+        check_inputs(cfg, self.prec_cfg)
         outputs.open()
         self.run_dir = outputs.run_dir
+        check_outputs(cfg, self.run_dir, self.profile_steps)
         it.manual_seed(cfg.seed)
         self._setup_data()
         self._setup_model()
         self._resume()
+        self._check_room()
         check_step_flags(cfg, self.profile_steps, self.prec_cfg, self.start, cfg.num_iteration)
         self._announce()
         self.progress = Progress(cfg.num_iteration, self.start)
@@ -259,6 +295,27 @@ class Trainer:
         if self.val_path and (cfg.val_loss_every or cfg.input_val_bin):  # an explicit file is checked even if unused
             self.val_loader = open_tokens("--input_val_bin", self.val_path, B * rows, T, shuffle=False)
         self.token_kind = kind
+        self._check_sizes(B * rows, T)
+
+    def _check_sizes(self, rows, T):
+        """Refuses a step that needs more micro-batches than the training data holds (each step would reread
+        batches of the same step), and --val_batches beyond the validation data (it was cut silently)."""
+        cfg, accum, held = self.cfg, self.plan.accum, self.loader.batches_per_epoch
+        if accum > held:
+            raise UsageError(
+                f"--total_batch_size={self.plan.total}: a step reads {accum} micro-batches of {rows}x{T} tokens, but "
+                f"--input_bin={self.train_path} holds {len(self.loader.tokens)} tokens ({held} such batches): lower "
+                "--total_batch_size or use more data"
+            )
+        if self.val_loader is None or not cfg.val_loss_every:
+            return
+        val_held = self.val_loader.batches_per_epoch
+        if cfg.val_batches <= val_held:
+            return
+        what = f"{self.val_path} holds {val_held} validation batch{'es' if val_held > 1 else ''} of {rows}x{T} tokens"
+        if "val_batches" in cfg.present:
+            raise UsageError(f"--val_batches={cfg.val_batches}: {what}; lower --val_batches or use a longer file")
+        print(f"note: {what}; each validation uses {val_held}, not --val_batches={cfg.val_batches}")
 
     def _setup_model(self):
         cfg, plan, st = self.cfg, self.plan, self.strategy
@@ -343,9 +400,11 @@ class Trainer:
         cfg, st = self.cfg, self.strategy
         self.ckpt_args = self._ckpt_args()
         self.start = 0
+        ckpt_dir = self.outputs.ckpt_dir
+        if not (cfg.resume or (cfg.load and cfg.save and _inside(cfg.load, cfg.save))):
+            self._refuse_earlier_run(resuming=False)  # a run that starts over (or continues another directory)
         if not (cfg.resume or cfg.load):
             return
-        ckpt_dir = self.outputs.ckpt_dir
         check = {"model_name": self.family, "run": self.run, "run_defaults": self.run_defaults, "data": self.data}
         check["allow_other_data"] = cfg.allow_other_data
         if cfg.resume:
@@ -356,12 +415,72 @@ class Trainer:
             where, extend = cfg.load, True
         self.start, _ = st.resume_from(
             candidates, ckpt_dir, self.loader, where=where, extend=extend, load_optimizer=cfg.load_optimizer_state,
-            **check,
+            before_scratch=lambda: self._refuse_earlier_run(resuming=True), **check,
         )  # fmt: skip
         if cfg.load and self.start >= cfg.num_iteration:
             raise UsageError(
                 f"--load: the checkpoint is at step {self.start}; pass a --num_iteration above it to extend the run"
             )
+
+    def _refuse_earlier_run(self, resuming):
+        """Refuses to start over in a --save holding another run's files (RUN_FILE_PATTERNS, as found at start),
+        unless they are an earlier attempt of this run that saved no checkpoint: no ckpt_* file, and a metrics file
+        whose every run has this model and these settings (starting over then loses nothing)."""
+        earlier, ckpt_dir = self.outputs.earlier, self.outputs.ckpt_dir
+        if not earlier or self._earlier_attempt(earlier):
+            return
+        d = ckpt_dir.directory
+        what = "no intact checkpoint to resume, but another run's files" if resuming else "another run's files"
+        raise UsageError(
+            f"--checkpoint_dir={d} holds {what} ({_listed(earlier)}); starting over there would mix the two runs: "
+            f"{'run once with --fresh instead of --resume' if resuming else 'pass --fresh'} to move them into "
+            f"{os.path.join(d, 'earlier-run-<time>')} and start from step 1"
+            f"{'' if resuming else ', --resume to continue that run'}, or choose another directory"
+        )
+
+    def _earlier_attempt(self, earlier):
+        if any(name.startswith("ckpt_") for name in earlier) or METRICS_NAME not in earlier:
+            return False
+        run = json.loads(json.dumps(self.run, default=str))  # as the metrics file holds it
+        return same_run_metrics(os.path.join(self.outputs.ckpt_dir.directory, METRICS_NAME), self.family, run)
+
+    def checkpoint_bytes(self):
+        """An upper bound on one checkpoint's size: the model's state dict, the optimizer's moments when saved
+        (Adam/AdamW: two per trainable value, float32, float64 for float64 parameters; SGD without momentum keeps
+        none), and the header (names, shapes, meta). bfloat16 tensors count 4 bytes (they may be widened)."""
+        cfg, st = self.cfg, self.strategy
+        parallel_model = isinstance(st, strategy.ModelParallel)
+        model = st.full if parallel_model else st.model
+        state = model.state_dict()
+        total = sum(t.numel() * (4 if t.dtype == "bfloat16" else t.itemsize) for t in state.values())
+        n = len(state)
+        if cfg.save_optimizer_state and cfg.optimizer in ("adam", "adamw"):
+            trainable = list(model.parameters()) if parallel_model else st.params[0]
+            total += sum(2 * p.numel() * (8 if p.dtype == "float64" else 4) for p in trainable)
+            n += 2 * len(trainable)
+        return total + (64 << 10) + 512 * n
+
+    def _check_room(self):
+        """Refuses a --save without room for two checkpoints (a new one is written before the previous one is
+        deleted); the directory's checkpoints count as room (rotation deletes them)."""
+        ckpt_dir = self.outputs.ckpt_dir
+        if ckpt_dir is None:
+            return
+        each = self.checkpoint_bytes()
+        try:
+            free = ckpt_dir._free_bytes()
+        except OSError:
+            return  # a file system without statvfs: the first save reports a full disk
+        reclaimable = ckpt_dir.checkpoint_bytes()
+        if free + reclaimable >= 2 * each:
+            return
+        opt = f" and their {self.cfg.optimizer} state" if self.cfg.save_optimizer_state else ""
+        has = f"{_size(free)} free" + (f" and {_size(reclaimable)} in its checkpoints" if reclaimable else "")
+        raise UsageError(
+            f"--checkpoint_dir={ckpt_dir.directory}: no room for two checkpoints of this model ({_size(2 * each)}: "
+            f"{_size(each)} each, for {self.n_params / 1e6:.2f}M parameters{opt}); it has {has}: free some space or "
+            "choose another directory"
+        )
 
     def _announce(self):
         cfg, plan, st = self.cfg, self.plan, self.strategy
@@ -445,6 +564,9 @@ class Trainer:
         cfg, last_saved = self.cfg, self.last_saved
         name = signal.Signals(signum).name
         self.outputs.metrics.write({"kind": "end", "status": "stopped", "step": done, "signal": name})
+        if self.abandoned is not None:
+            e = self.abandoned
+            print(f"{name}: gave up step {e.step} after {e.done} of its {e.accum} micro-batches", flush=True)
         if cfg.save and last_saved != done and done > 0:
             path = self._save(done)
             print(f"{name}: stopped at step {done}; saved {path} (continue with --resume)", flush=True)
@@ -475,22 +597,24 @@ class _Outputs:
         self.cfg, self.lead = cfg, lead
         self.ckpt_dir = self.log = self.metrics = None
         self.quiet = None
+        self.earlier = []  # the run files --save held at start (RUN_FILE_PATTERNS), before this run wrote any
 
     def open(self):
         cfg, lead = self.cfg, self.lead
         if cfg.save and lead:
             self.ckpt_dir = CheckpointDir(cfg.save, cfg.max_checkpoint_keep)
+            self.earlier = self.ckpt_dir.run_files()
         if not lead:
             self.quiet = open(os.devnull, "w")  # noqa: SIM115 (closed by close())
             sys.stdout, self.quiet = self.quiet, sys.stdout
         for path in self.ckpt_dir.removed if self.ckpt_dir else ():
             print(f"removed {path} (left by an interrupted save)")
-        if self.ckpt_dir and not cfg.resume and not cfg.load and self.ckpt_dir.checkpoints():
-            print(
-                f"warning: {self.ckpt_dir.directory} holds checkpoints of an earlier run (newest "
-                f"{self.ckpt_dir.checkpoints()[-1]}); this run replaces them (--resume continues it instead)",
-                file=sys.stderr,
-            )
+        if cfg.fresh and self.earlier:  # before this run opens its metrics there
+            if cfg.load and _inside(cfg.load, cfg.save):
+                raise UsageError(f"--fresh would move away the checkpoint --load={cfg.load} continues from")
+            moved = self.ckpt_dir.set_aside(self.earlier)
+            print(f"--fresh: moved another run's files ({_listed(self.earlier)}) to {moved}")
+            self.earlier = []
         self.log = Log(cfg.log_file if lead else None)
         if cfg.metrics_file:
             metrics_path = cfg.metrics_file
@@ -532,7 +656,7 @@ class Log:
         self.path, self.f = path, None
         if path:
             try:
-                self.f = open(path, "a")  # noqa: SIM115 (closed by close())
+                self.f = open_output(path, "a")
             except OSError as e:
                 raise UsageError(f"--log_file={path}: cannot open it: {e.strerror or e}") from None
 
@@ -583,7 +707,7 @@ def write_profile(prof, run_dir, name, steps):
     table = prof.table(top=15)
     span = f"{min(steps)}:{max(steps)}"
     md = os.path.join(run_dir, f"{name}.profile.md")
-    with open(md, "w") as f:
+    with open_output(md, "w") as f:
         f.write(f"Profile of steps {span} ({len(prof.records)} kernels)\n\n{table}\n")
     trace = prof.export_chrome_trace(os.path.join(run_dir, f"{name}.trace.json"))
     print(f"profile of steps {span}:\n{table}\nprofile: {md}, Chrome trace {trace} (open in Perfetto)", flush=True)
@@ -593,6 +717,97 @@ def sample(model, decode, eot, length, seed):
     start = np.full((1, 1), eot, dtype=np.int64)
     out = model.generate(start, length, temperature=1.0, top_k=40, seed=seed)
     return decode(out[0, 1:].tolist())
+
+
+def _inside(path, directory):
+    """Whether `path` is `directory` or a file directly in it (symlinks resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or os.path.dirname(path) == directory
+
+
+def _listed(names, most=5):
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def same_run_metrics(path, family, run):
+    """Whether every run a metrics file records (its config lines) trained this model family with these settings.
+    Lines that do not parse (a run killed while writing one) are skipped: they record no run."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if record.get("kind") == "config" and (record.get("family"), record.get("run")) != (family, run):
+            return False
+    return True
+
+
+# ---- inputs and outputs checked at start -------------------------------------------------------------------------
+
+# Flags naming files or folders a run reads: what each must be.
+INPUT_FLAGS = (
+    ("input_bin", "file"), ("input_val_bin", "file"), ("tokenizer_bin", "file"), ("llmc_filepath", "file"),
+    ("config_json", "file"), ("init_from", "file or dir"), ("lora_load_path", "dir"), ("load", "file or dir"),
+)  # fmt: skip
+
+
+def check_inputs(cfg, prec_cfg):
+    """Every input path is what its flag reads, and readable, before anything opens it (a FIFO would block the
+    run, a device read as endless or empty data)."""
+    paths = [(f"--{name}", getattr(cfg, name), expect) for name, expect in INPUT_FLAGS if getattr(cfg, name)]
+    if prec_cfg and prec_cfg["baseline"]:
+        paths.append(("--precision_check baseline", prec_cfg["baseline"], "file"))
+    for flag, path, expect in paths:
+        what = {"file": "a regular file", "dir": "a directory", "file or dir": "a file or directory"}[expect]
+        try:
+            check_input(path, expect, what)
+        except FileNotFoundError:
+            raise UsageError(f"{flag}={path}: no such file or directory") from None
+        except PermissionError:
+            raise UsageError(f"{flag}={path}: cannot be read (permission denied)") from None
+        except ValueError as e:
+            raise UsageError(f"{flag}={path}: {str(e).removeprefix(path + ': ')}") from None
+
+
+def _output_kind(path):
+    try:
+        return file_kind(os.stat(path).st_mode)
+    except OSError:
+        return None  # nothing there (or unreachable): the open that follows says which
+
+
+def check_outputs(cfg, run_dir, profile_steps):
+    """Files written at the end of a run are checked at start: the profile's (streamed: a regular file, a
+    character device or nothing yet) and the LoRA adapters (replaced atomically: a regular file or nothing yet);
+    never a directory, FIFO or block device."""
+    files, streamed = [], ("regular file", "character device")
+    if profile_steps:
+        files += [(f"--profile_name={cfg.profile_name}", os.path.join(run_dir, cfg.profile_name + s), streamed)
+                  for s in (".profile.md", ".trace.json")]  # fmt: skip
+    if cfg.lora_save_path:
+        kind = _output_kind(cfg.lora_save_path)
+        if kind not in (None, "directory"):
+            raise UsageError(f"--lora_save_path={cfg.lora_save_path}: is a {kind}, not a directory")
+        files += [(f"--lora_save_path={cfg.lora_save_path}", os.path.join(cfg.lora_save_path, n), ("regular file",))
+                  for n in (lora.ADAPTER_WEIGHTS, lora.ADAPTER_CONFIG)]  # fmt: skip
+    for flag, path, allowed in files:
+        kind = _output_kind(path)
+        if kind is not None and kind not in allowed:
+            raise UsageError(f"{flag}: {path} is a {kind}, not a file to write to")
 
 
 # ---- data --------------------------------------------------------------------------------------------------------
