@@ -1,9 +1,10 @@
 """Tensor, sequence and pipeline parallelism (infinitrain.parallel) under the launcher: each layout trains tiny
 GPT-2 and LLaMA 3 (and on some layouts Mixtral, its experts split across the tensor-parallel ranks) for 10 steps
 and its loss curve equals the single-device run's (fp32 within 1e-5, bf16 within 1e-2), Mixtral's balancing loss
-too; Mixtral's expert-parallel shards reload and merge into the single-device state; each pipeline schedule
-holds the activations it should (measured); bad layouts are refused before any work. On the cpu suite the ranks
-talk over Gloo; on a provider's suite their tensors are on its device.
+too, and the experts no token reached in a step get no gradient, as on one device; Mixtral's expert-parallel
+shards reload and merge into the single-device state; each pipeline schedule holds the activations it should
+(measured); bad layouts are refused before any work. On the cpu suite the ranks talk over Gloo; on a provider's
+suite their tensors are on its device.
 
 Two launches (2 and 4 processes) run every layout of their size in turn, for both models; the single-device
 reference is a plain model and optimizer in one process, on the same fresh random seeds."""
@@ -52,7 +53,12 @@ def build(model, seed=None):
         return GPT2(cfg, DEV)
     if model == "mixtral":  # 4 experts, top-2, with the router's balancing loss
         cfg = MixtralConfig(T, 61, 4, 4, 2, 32, intermediate_size=32, num_experts=4, num_experts_per_tok=2)
-        return Mixtral(cfg, DEV)
+        m = Mixtral(cfg, DEV)
+        # The first router starts at zero: its logits tie, top-2 takes experts 0 and 1 for every token, so experts 2
+        # and 3 get no gradient in the first step (the optimizer must skip them, on every rank of every layout).
+        with it.no_grad():
+            m.layers[0].mlp.gate.weight.zero_()
+        return m
     return LLaMA3(LLaMA3Config(T, 61, 4, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16), DEV)
 
 
@@ -69,7 +75,7 @@ def reference(model, dtype, replicas=1):
     # sees them (Mixtral's balancing loss is not linear in the rows)
     m = build(model)
     opt = it.optim.AdamW(m.parameters(), **HYPER)
-    losses, auxes = [], []
+    losses, auxes, unreached = [], [], []
     b = GLOBAL_B // replicas
     for tokens in batches():
         opt.zero_grad()
@@ -86,6 +92,7 @@ def reference(model, dtype, replicas=1):
                 if model == "mixtral":
                     aux.append(m.aux_loss.item())
         it.optim.clip_grad_norm_(m.parameters(), 1.0)
+        unreached.append([n for n, p in m.named_parameters() if p.grad is None])
         opt.step()
         losses.append(total)
         if model == "mixtral":  # the balancing loss of each replica's part of the last micro-batch
@@ -94,7 +101,7 @@ def reference(model, dtype, replicas=1):
         state = {f"model.{n}": p.numpy() for n, p in m.named_parameters()}
         state.update({f"optim.{k}": v.numpy() for k, v in opt.state_dict()["tensors"].items()})
         np.savez(f"{OUT}.{model}.npz", **state)
-    return {"losses": losses, "aux": auxes, "names": [n for n, _ in m.named_parameters()]}
+    return {"losses": losses, "aux": auxes, "names": [n for n, _ in m.named_parameters()], "unreached": unreached}
 
 
 def parallel_run(model, run):
@@ -114,7 +121,7 @@ def parallel_run(model, run):
         opt = it.optim.AdamW(params, **HYPER)
     B = GLOBAL_B // layout.dp
     rows = slice(grid.dp_rank * B, (grid.dp_rank + 1) * B)
-    losses, stats, auxes = [], None, []
+    losses, stats, auxes, unreached = [], None, [], []
     for tokens in batches():
         opt.zero_grad()
         mbs = [tuple(it.from_numpy(a, device=DEV) for a in (tokens[k, rows, :-1], tokens[k, rows, 1:]))
@@ -122,6 +129,7 @@ def parallel_run(model, run):
         with it.amp.autocast(DEV, dtype="bfloat16", enabled=run.get("dtype") == "bfloat16"):
             loss = engine.forward_backward(mbs)
         engine.finish_gradients(1.0)
+        unreached.append([n for n, p in pm.shard_parameters() if p.grad is None])
         opt.step()
         losses.append(loss.item())
         stats = stats or dict(engine.stats)
@@ -136,7 +144,7 @@ def parallel_run(model, run):
     if run.get("save") and model == "mixtral":
         save_and_reload(model, run, layout, grid, pm, opt)
     return {"losses": losses, "stats": stats, "stage": grid.stage, "tp_rank": grid.tp_rank, "split": pm.split,
-            "aux": auxes, "dp_rank": grid.dp_rank}
+            "aux": auxes, "dp_rank": grid.dp_rank, "unreached": unreached}
 
 
 def save_and_reload(model, run, layout, grid, pm, opt):
@@ -239,7 +247,8 @@ def runs(tmp_path_factory):
     """runs[n]: the per-rank results of one launch of world size n (1: the single-device references), launched
     when a test first needs it, so a shard runs only the world sizes of its tests."""
     g = np.random.default_rng()
-    seeds = {"TEST_SEED": int(g.integers(1 << 20)), "TEST_DATA_SEED": int(g.integers(1 << 20))}
+    # Fresh seeds each run; a failure's message names them, and setting them in the environment replays it.
+    seeds = {k: int(os.environ.get(k) or g.integers(1 << 20)) for k in ("TEST_SEED", "TEST_DATA_SEED")}
     tmp = tmp_path_factory.mktemp("parallel")
     ref_runs = [{"name": d, "model": m, "dtype": d} for d in ("float32", "bfloat16") for m in MODELS]
     ref_runs += [{"name": "float32", "model": "mixtral"}, {"name": "float32-dp2", "model": "mixtral", "replicas": 2}]
@@ -248,6 +257,8 @@ def runs(tmp_path_factory):
         def __missing__(self, n):
             if n == "tmp":
                 return tmp
+            if n == "seeds":
+                return " ".join(f"{k}={v}" for k, v in seeds.items())
             if n == 1:
                 self[1] = _launch(tmp, 1, ref_runs, seeds)
             else:
@@ -265,11 +276,19 @@ def test_layout_equals_single_device(runs, n, name, model):
     ref_run = runs[1][0][_ref_key(n, LAYOUTS[n][name], model)]
     ref = ref_run["losses"]
     for rank, res in enumerate(runs[n]):
-        got = res[f"{name}/{model}"]["losses"]
-        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 if dtype == "float32" else 1e-2, err_msg=f"rank {rank}")
-        if model == "mixtral" and res[f"{name}/{model}"]["aux"]:  # the last stage: the balancing loss itself
-            want = [a[res[f"{name}/{model}"]["dp_rank"]] for a in ref_run["aux"]]
-            np.testing.assert_allclose(res[f"{name}/{model}"]["aux"], want, rtol=0, atol=1e-5, err_msg=f"rank {rank}")
+        got, where = res[f"{name}/{model}"], f"rank {rank}, {runs['seeds']}"
+        atol = 1e-5 if dtype == "float32" else 1e-2
+        np.testing.assert_allclose(got["losses"], ref, rtol=0, atol=atol, err_msg=where)
+        if model == "mixtral" and got["aux"]:  # the last stage: the balancing loss itself
+            want = [a[got["dp_rank"]] for a in ref_run["aux"]]
+            np.testing.assert_allclose(got["aux"], want, rtol=0, atol=1e-5, err_msg=where)
+    # The parameters no backward reached in a step (Mixtral's experts without a token) are the single-device
+    # run's: they keep no gradient, so the optimizer leaves them alone (a zero one would move them).
+    for step, want in enumerate(ref_run["unreached"]):
+        got = sorted({p for res in runs[n] for p in res[f"{name}/{model}"]["unreached"][step]})
+        assert got == sorted(want), (step, runs["seeds"])
+    if model == "mixtral":  # the worker's zero router made this happen in the first step
+        assert ".mlp.experts.3." in " ".join(ref_run["unreached"][0])
     assert ref[-1] < ref[0] - 0.5  # it learned: the comparison is between curves that move
 
 
@@ -285,10 +304,10 @@ def test_expert_parallel_shards_merge_into_the_single_device_state(runs, n, name
     model, optim = shards.merge(str(runs["tmp"] / f"world{n}.{name}-mixtral.ckpt"), ref["names"])
     assert sorted(model) == sorted(ref["names"]) and any(".mlp.experts.3." in k for k in model)
     for k, v in model.items():
-        np.testing.assert_allclose(v, want[f"model.{k}"], rtol=0, atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(v, want[f"model.{k}"], rtol=0, atol=1e-5, err_msg=f"{k}, {runs['seeds']}")
     assert sorted(optim) == sorted(k[len("optim.") :] for k in want.files if k.startswith("optim."))
     for k, v in optim.items():
-        np.testing.assert_allclose(v, want[f"optim.{k}"], rtol=1e-4, atol=1e-7, err_msg=k)
+        np.testing.assert_allclose(v, want[f"optim.{k}"], rtol=1e-4, atol=1e-7, err_msg=f"{k}, {runs['seeds']}")
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -24,7 +24,7 @@ from infinitrain.distributed.collectives import all_reduce, recv, send
 from infinitrain.distributed.group import flush_sends
 from infinitrain.optim import optimizers as _optim
 from infinitrain.parallel.schedules import schedule
-from infinitrain.tensor import empty, zeros
+from infinitrain.tensor import empty, tensor, zeros
 
 
 def _flat_all_reduce(tensors, op, group):
@@ -142,19 +142,29 @@ class Engine:
     @autograd.no_grad()
     def finish_gradients(self, max_norm=None):
         """Makes every gradient the full model's (summed/averaged as the layout needs); returns the global norm
-        before clipping (0-d float32, the same on every rank) after clipping to max_norm (None: no clipping)."""
+        before clipping (0-d float32, the same on every rank) after clipping to max_norm (None: no clipping). A
+        parameter no backward reached on any rank that sums its gradient keeps none, as on one device."""
         L, grid = self.layout, self.grid
+        # Whether a backward reached each parameter, reduced along with the gradients: the optimizer must skip one
+        # that none reached (an expert no token was routed to), as the single-device one does; a zero gradient
+        # would still move it by its momentum and weight decay.
+        missing = [p.grad is None for _, p in self.params]
+        reached = F.split(tensor([0.0 if m else 1.0 for m in missing], dtype="float32", device=self.device), 1)
         for _, p in self.params:
-            if p.grad is None:  # nothing reached it (every rank still has to reduce it)
+            if p.grad is None:  # every rank still has to reduce it
                 p.grad = zeros(p.shape, dtype=p.dtype, device=p.device)
+
+        def reduce(which, op, group):
+            idx = [i for i, (n, _) in enumerate(self.params) if which(n)]
+            _flat_all_reduce([self.params[i][1].grad for i in idx] + [reached[i] for i in idx], op, group)
+
         if grid is not None:
             if L.sp:
-                _flat_all_reduce([p.grad for n, p in self.params if self.specs[n].sync_tp], "sum", grid.tp)
+                reduce(lambda n: self.specs[n].sync_tp, "sum", grid.tp)
             plan = self.model.plan
             if L.pp > 1 and (grid.first or grid.last) and plan.tied_head:
-                tied = [p.grad for n, p in self.params if n == f"{plan.embedding}.weight"]
-                _flat_all_reduce(tied, "sum", grid.embedding)
-            _flat_all_reduce([p.grad for _, p in self.params], "avg", grid.dp)
+                reduce(lambda n: n == f"{plan.embedding}.weight", "sum", grid.embedding)
+            reduce(lambda n: True, "avg", grid.dp)
         # The norm: each piece of the full model counted once (replicated parts at their first holder, the tied
         # embedding at the first stage).
         tp, r = L.tp, (grid.tp_rank if grid is not None else 0)
@@ -181,6 +191,10 @@ class Engine:
         norm = F.sqrt(total)
         if max_norm:
             _optim.scale_to_norm([p.grad for _, p in self.params], norm, max_norm)
+        if any(missing):  # only a parameter no local backward reached can be unreached everywhere
+            for (_, p), r in zip(self.params, F.cat(list(reached)).numpy(), strict=True):
+                if r == 0:
+                    p.grad = None
         return norm
 
     def zero_grad(self):
