@@ -8,6 +8,14 @@ after --stop_timeout seconds), prints the failing rank's last lines and exits wi
 SIGTERM are passed on to the workers (a second SIGINT kills them). Unless OMP_NUM_THREADS is set, each worker
 gets OMP_NUM_THREADS=1 when there are several per node (as torchrun does): set it to give them more.
 
+The watchdog: once init_process_group() has connected, each worker adds to a counter in the store every
+--heartbeat_timeout/5 seconds (at most 5) from a thread of its own. A rank whose counter stops moving for
+--heartbeat_timeout seconds (a stopped process, one wedged holding the GIL, a host gone) is named, the workers are
+stopped as for a failure, and the launcher exits with HUNG_EXIT (124, as timeout(1)): well before the collective
+timeout would end the run without saying whom the others waited for. A rank is watched from its first heartbeat to
+its exit (ranks that never call init_process_group are not); node 0's launcher watches every rank, so that a node
+that vanished with its launcher is named too, the others their own.
+
 The store listens on --master_addr only (loopback by default; --store_bind_addr=0.0.0.0 for every interface) and
 serves only processes that present the run's secret: a single-node launcher makes one and hands it to its workers
 as INFINITRAIN_STORE_TOKEN; with several nodes the user sets INFINITRAIN_STORE_TOKEN, the same on every node.
@@ -27,6 +35,8 @@ import time
 
 TAIL = 20
 TOKEN_ENV = "INFINITRAIN_STORE_TOKEN"
+HEARTBEAT_ENV = "INFINITRAIN_HEARTBEAT_S"  # the interval the workers beat at (infinitrain.distributed reads it)
+HUNG_EXIT = 124
 
 
 def parse(argv):
@@ -47,6 +57,13 @@ def parse(argv):
     )
     p.add_argument("--rdzv_timeout", type=float, default=300.0, help="seconds to wait for every rank to join")
     p.add_argument("--stop_timeout", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument(
+        "--heartbeat_timeout",
+        "--heartbeat-timeout",
+        type=float,
+        default=60.0,
+        help="seconds without a heartbeat after which a rank is named hung and the run stopped (0: no watchdog)",
+    )
     p.add_argument("-m", "--module", action="store_true", help="run the script argument as a module (python -m)")
     p.add_argument("script", help="the training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
@@ -64,6 +81,8 @@ def parse(argv):
         p.error(f"--master_port must be in [1, 65535] (0, a free port, only with one node), got {a.master_port}")
     if not a.rdzv_timeout > 0:
         p.error("--rdzv_timeout must be positive")
+    if not (a.heartbeat_timeout == 0 or a.heartbeat_timeout >= 1):  # below a second, a busy host looks hung
+        p.error(f"--heartbeat_timeout must be 0 (off) or at least 1 second, got {a.heartbeat_timeout:g}")
     return a
 
 
@@ -120,6 +139,48 @@ def _exit_code(rc):
     return 128 - rc if rc < 0 else rc  # killed by signal s: 128 + s, as a shell reports it
 
 
+def _heartbeat_interval(timeout):
+    """How often workers beat: five times a timeout (a late beat or two is no alarm), within [0.5 s, 5 s]."""
+    return min(5.0, max(0.5, timeout / 5))
+
+
+class Watchdog:
+    """Reads the heartbeat counters of `ranks` (store.add(key, 0) reads without waiting) and names the rank whose
+    counter stopped first, once it has not moved for `timeout` seconds. A rank is watched from its first beat until
+    it finished: finished() (a local worker exited) or heartbeat/<rank>/done (set by the worker at exit and by its
+    launcher when it exits)."""
+
+    def __init__(self, store, ranks, timeout):
+        self.store, self.ranks, self.timeout = store, list(ranks), timeout
+        self.period = min(1.0, _heartbeat_interval(timeout) / 2)
+        self.seen = {}  # rank -> (count, when the launcher saw it move)
+        self.done = set()
+        self.checked = None
+
+    def finished(self, rank):
+        self.done.add(rank)
+        self.seen.pop(rank, None)
+
+    def stale(self, now):
+        """(rank, seconds since it last beat) or None; raises the store's errors."""
+        if self.checked is not None and now - self.checked < self.period:
+            return None
+        if self.checked is not None and now - self.checked > max(2.0, 3 * self.period):
+            # This launcher was held up itself (a suspended host, say): the beats it missed are no evidence.
+            self.seen = {r: (n, now) for r, (n, _) in self.seen.items()}
+        self.checked = now
+        for r in self.ranks:
+            if r not in self.done:
+                n = self.store.add(f"heartbeat/{r}", 0)
+                if n and self.seen.get(r, (0,))[0] != n:
+                    self.seen[r] = (n, now)
+        for t, r in sorted((t, r) for r, (_, t) in self.seen.items() if now - t >= self.timeout):
+            if not self.store.check([f"heartbeat/{r}/done"]):
+                return r, now - t
+            self.finished(r)
+        return None
+
+
 def main(argv=None):
     a = parse(sys.argv[1:] if argv is None else argv)
     from infinitrain import _C  # after parsing: --help needs no native core
@@ -157,6 +218,9 @@ def main(argv=None):
         INFINITRAIN_DIST_TIMEOUT_S=str(a.rdzv_timeout),
         PYTHONUNBUFFERED="1",
     )
+    base.pop(HEARTBEAT_ENV, None)
+    if a.heartbeat_timeout:
+        base[HEARTBEAT_ENV] = f"{_heartbeat_interval(a.heartbeat_timeout):g}"
     if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         base["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, *(["-m"] if a.module else []), a.script, *a.args]
@@ -184,6 +248,7 @@ def main(argv=None):
 def _stop(workers, timeout):
     for w in workers:
         w.signal(signal.SIGTERM)
+        w.signal(signal.SIGCONT)  # a stopped process takes the SIGTERM now, not the SIGKILL later
     deadline = time.time() + timeout
     for w in workers:
         try:
@@ -195,9 +260,19 @@ def _stop(workers, timeout):
         w.reader.join(timeout=5)
 
 
+FAILED_KEY = "launcher/failed"
+FAILED_RANK_KEY = "launcher/failed_rank"  # a hung rank, whose own launcher prints its last lines
+
+
 def _watch(a, workers, store, received):
-    failed_key = "launcher/failed"
+    failed_key = FAILED_KEY
     store_up = a.nnodes > 1  # polled for failures elsewhere until node 0's store goes (it may finish first)
+    watchdog = None
+    if a.heartbeat_timeout:
+        # Node 0's launcher, beside the store, watches every rank: a node that vanished cannot report its own.
+        ranks = range(a.nnodes * a.nproc_per_node) if a.node_rank == 0 else [w.rank for w in workers]
+        watchdog = Watchdog(store, ranks, a.heartbeat_timeout)
+    exited = set()
     while True:
         codes = [w.proc.returncode if w.exited_at is not None else None for w in workers]
         bad = [w for w, c in zip(workers, codes, strict=True) if c not in (None, 0)]
@@ -213,10 +288,9 @@ def _watch(a, workers, store, received):
             except (RuntimeError, TimeoutError):
                 pass  # the store's node is gone too
             _stop(workers, a.stop_timeout)
-            report = "\n".join(f"  {line}" for line in w.tail) or "  (no output)"
             sys.stderr.write(
                 f"infinitrain.run: rank {w.rank} (local rank {w.local_rank}, pid {w.proc.pid}) exited with code "
-                f"{code}; stopped the other workers. Its last lines:\n{report}\n"
+                f"{code}; stopped the other workers. Its last lines:\n{_report(w)}\n"
             )
             return code
         if all(c is not None for c in codes):
@@ -225,16 +299,68 @@ def _watch(a, workers, store, received):
             if received:
                 return 128 + int(received[0])
             return 0
+        for w in workers:
+            if w.exited_at is not None and w.rank not in exited:
+                exited.add(w.rank)
+                if watchdog:
+                    watchdog.finished(w.rank)
+                if store_up:
+                    try:  # for node 0's watchdog
+                        store.set(f"heartbeat/{w.rank}/done", b"1")
+                    except (RuntimeError, TimeoutError, ValueError):
+                        store_up = False
         if store_up and not received:
             try:
                 why = store.get(failed_key).decode() if store.check([failed_key]) else None
+                hung = int(store.get(FAILED_RANK_KEY)) if why and store.check([FAILED_RANK_KEY]) else None
             except (RuntimeError, TimeoutError, ValueError):
                 why, store_up = None, False  # reconnecting would wait the whole timeout
             if why:
                 _stop(workers, a.stop_timeout)
                 sys.stderr.write(f"infinitrain.run: {why}; stopped this node's workers\n")
+                for w in workers:
+                    if w.rank == hung:
+                        sys.stderr.write(f"infinitrain.run: rank {w.rank}'s last lines:\n{_report(w)}\n")
                 return 1
+        if watchdog and not received:
+            try:
+                hung = watchdog.stale(time.monotonic())
+            except (RuntimeError, TimeoutError, ValueError):
+                hung, watchdog = None, None  # node 0's store is gone: its launcher finished
+            if hung:
+                return _hung(a, workers, store, *hung)
         time.sleep(0.1)
+
+
+def _report(w):
+    return "\n".join(f"  {line}" for line in w.tail) or "  (no output)"
+
+
+def _hung(a, workers, store, rank, seconds):
+    """Names a rank that stopped beating, stops this node's workers and tells the other nodes."""
+    mine = [w for w in workers if w.rank == rank]
+    pid = mine[0].proc.pid if mine else None
+    if pid is None:
+        try:
+            key = f"heartbeat/{rank}/pid"
+            pid = store.get(key).decode() if store.check([key]) else "unknown"
+        except (RuntimeError, TimeoutError, ValueError):
+            pid = "unknown"
+    why = (
+        f"rank {rank} (node {rank // a.nproc_per_node}, pid {pid}) sent no heartbeat for {seconds:.1f} s: "
+        "stopped, hung or unreachable"
+    )
+    sys.stderr.write(f"infinitrain.run: {why}; stopping the other workers\n")
+    sys.stderr.flush()
+    try:
+        store.set(FAILED_RANK_KEY, str(rank).encode())
+        store.set(FAILED_KEY, why.encode())
+    except (RuntimeError, TimeoutError, ValueError):
+        pass  # the store's node is gone
+    _stop(workers, a.stop_timeout)
+    if mine:
+        sys.stderr.write(f"infinitrain.run: rank {rank}'s last lines:\n{_report(mine[0])}\n")
+    return HUNG_EXIT
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 
 from infinitrain import _C
 from infinitrain.distributed import comm as _comm
@@ -221,8 +222,9 @@ def init_process_group(
     INFINITRAIN_DIST_TIMEOUT_S), then raises TimeoutError naming the ranks that did not come. A timeout given
     here also bounds each cpu collective (otherwise INFINITRAIN_CCL_TIMEOUT_S, default 300 s). The store serves
     only processes that present INFINITRAIN_STORE_TOKEN (infinitrain.run sets it; ranks started otherwise need
-    the same secret, unless MASTER_ADDR is loopback); a serving rank 0 listens on MASTER_ADDR, or INFINITRAIN_STORE_BIND_ADDR (0.0.0.0: every
-    interface)."""
+    the same secret, unless MASTER_ADDR is loopback); a serving rank 0 listens on MASTER_ADDR, or
+    INFINITRAIN_STORE_BIND_ADDR (0.0.0.0: every interface). Under infinitrain.run the process starts beating for
+    the launcher's watchdog here (see _Heartbeat), and goes on until it exits."""
     if _state["world"] is not None:
         raise RuntimeError("init_process_group: already initialised (destroy_process_group() first)")
     if backend not in (None, "gloo", "nccl", "mccl", "cuda", "maca", "sim", "cpu"):
@@ -264,6 +266,7 @@ def init_process_group(
             f"init_process_group: rank {rank} waited {seconds:g} s at the store {store.host}:{store.port}; {who}"
         ) from None
     _state.update(world=ProcessGroup(f"world{gen}", range(world_size), rank, store), store=store, groups=0)
+    _start_heartbeat()
 
 
 def _store_token(world_size, serve_here, addr, port):
@@ -308,15 +311,93 @@ def _address(init_method):
 
 def _load_gloo():
     try:
-        from infinitrain import _gloo  # registers the cpu's CCL
+        from infinitrain import _gloo  # noqa: F401 (importing registers the cpu's CCL)
     except ImportError as e:
         raise ImportError(
             f"infinitrain's Gloo module failed to load ({e}): install Gloo's library (Debian: libgloo0)"
         ) from e
     if not _state.get("flush_at_exit"):
-        # A send completes when its receiver takes it: a rank that sends last must not exit before that.
-        atexit.register(_gloo.flush_sends)
+        atexit.register(_at_exit)
         _state["flush_at_exit"] = True
+
+
+def _at_exit():
+    from infinitrain import _gloo
+
+    try:
+        # A send completes when its receiver takes it: a rank that sends last must not exit before that.
+        _gloo.flush_sends()
+    finally:
+        # The heartbeat goes on while this waits (a receiver that hangs is the one to name) and stops before the
+        # interpreter finalizes.
+        hb = _state.get("heartbeat")
+        if hb is not None:
+            hb.stop()
+
+
+_HEARTBEAT_ENV = "INFINITRAIN_HEARTBEAT_S"  # the interval infinitrain.run asks of its workers; unset: no heartbeat
+_HEARTBEAT_CALL_S = 2.0  # a heartbeat's store timeout: bounds what a dead store costs the thread, and exit
+
+
+class _Heartbeat:
+    """A daemon thread adding 1 to the launcher's store key heartbeat/<RANK> every `interval` seconds; the launcher
+    names a rank whose count stops moving (infinitrain.run's --heartbeat_timeout). It has a connection of its own:
+    the group's may be held by a wait for minutes. It never raises into the program and never prints; it gives up
+    once the store has been out of reach for a while (node 0 finished first, say)."""
+
+    def __init__(self, host, port, token, rank, interval):
+        self.key = f"heartbeat/{rank}"
+        self._where = (host, port, token)
+        self._interval = interval
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="infinitrain-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        store, failing_since = None, None
+        give_up = max(30.0, 10 * self._interval)
+        while True:
+            try:
+                if store is None:
+                    host, port, token = self._where
+                    store = _C.TcpStore(host, port, False, _HEARTBEAT_CALL_S, token=token)
+                    store.set(f"{self.key}/pid", str(os.getpid()).encode())
+                store.add(self.key, 1)
+                failing_since = None
+            except PermissionError:
+                return  # a store that refuses this process will not take it later
+            except BaseException:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > give_up:
+                    return
+            if self._stopping.wait(self._interval):
+                break
+        if failing_since is None:  # a store that just failed is likely gone: exit without waiting on it
+            try:
+                store.set(f"{self.key}/done", b"1")  # a finished rank: no longer watched
+            except BaseException:
+                pass
+
+    def stop(self):
+        """Stops the thread and waits for it: a daemon thread that comes back from the store while the interpreter
+        finalizes would abort the process (pybind11 cannot unwind it)."""
+        self._stopping.set()
+        self._thread.join(2 * _HEARTBEAT_CALL_S + 1.0)
+
+
+def _start_heartbeat():
+    """Under infinitrain.run, starts this process's heartbeat (once: it outlives destroy_process_group)."""
+    interval = os.environ.get(_HEARTBEAT_ENV)
+    if not interval or _state.get("heartbeat") is not None:
+        return
+    try:
+        interval = float(interval)
+        host, port, rank = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return  # not the launcher's environment after all
+    if interval > 0:
+        _state["heartbeat"] = _Heartbeat(host, port, os.environ.get(_TOKEN_ENV), rank, interval)
 
 
 def flush_sends():
