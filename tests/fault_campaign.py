@@ -526,11 +526,16 @@ def bad_flag_list(d, data):
     return out
 
 
-def campaign_bad_cli(c, args):
-    d = os.path.join(args.out, "bad_cli")
+def fresh_dir(args, name):
+    """An empty work folder for one category under --out, with a small token file in it: (folder, token file)."""
+    d = os.path.join(args.out, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    data = tiny_tokens(os.path.join(d, "train.bin"))
+    return d, tiny_tokens(os.path.join(d, "train.bin"))
+
+
+def campaign_bad_cli(c, args):
+    d, data = fresh_dir(args, "bad_cli")
     items = bad_flag_list(d, data)
     for flags, why in items:
         base = [f"--input_bin={data}", *TINY, "--num_iteration=2"]
@@ -578,10 +583,7 @@ def alive(pid):
 
 
 def campaign_multiproc(c, args):
-    d = os.path.join(args.out, "multiproc")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    data = tiny_tokens(os.path.join(d, "train.bin"))
+    d, data = fresh_dir(args, "multiproc")
     helptext = subprocess.run([PY, "-m", "infinitrain.run", "--help"], capture_output=True, text=True, env=env()).stdout
     watchdog = "--heartbeat_timeout" in helptext
     faults = ["kill_worker", "term_worker", "stop_worker", "kill_launcher", "term_launcher"]
@@ -653,10 +655,7 @@ def in_namespace(script, timeout=300):
 def campaign_disk_full(c, args):
     from infinitrain import checkpoint
 
-    d = os.path.join(args.out, "disk_full")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    data = tiny_tokens(os.path.join(d, "train.bin"))
+    d, data = fresh_dir(args, "disk_full")
     status, _, err = in_namespace(f"mount -t tmpfs -o size=1m tmpfs {d} 2>&1 || exit 77; umount {d}")
     if status != 0:
         c.findings.append({"category": "disk_full", "kind": "n/a", "what": f"tmpfs mount failed: {err}"})
@@ -713,10 +712,7 @@ def campaign_disk_full(c, args):
 
 
 def campaign_read_only(c, args):
-    d = os.path.join(args.out, "read_only")
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
-    data = tiny_tokens(os.path.join(d, "train.bin"))
+    d, data = fresh_dir(args, "read_only")
     base = [f"--input_bin={data}", *TINY, "--num_iteration=3"]
     # A checkpoint directory from a real run, to resume read-only.
     ck = os.path.join(d, "ck")

@@ -7,9 +7,12 @@ passes them explicitly and says why.
 
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
+import threading
+from collections import namedtuple
 
 import numpy as np
 
@@ -119,6 +122,42 @@ def run_train(*flags, nproc=1, device=DEVICE, check=True, cwd=None, env_extra=No
     if check:
         assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
     return p
+
+
+Result = namedtuple("Result", "returncode stdout stderr")
+
+
+def run_train_in_process(capsys, *flags, device=DEVICE):
+    """The train CLI in this process (no interpreter start-up; a monkeypatch reaches it); returns a Result."""
+    from infinitrain import train
+
+    train.FLAGS.unparse_flags()
+    saved, sys.argv = sys.argv, ["train", f"--device={device}", *flags]
+    try:
+        train.run()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    finally:
+        sys.argv = saved
+        train.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return Result(code, out.out, out.err)
+
+
+def stdout_queue(proc):
+    """A queue of a child's stdout lines (None at the end), filled by a thread: reads wait with a timeout, so a
+    child that hangs fails the test instead of hanging it."""
+    if not hasattr(proc, "lines"):
+        proc.lines = queue.Queue()
+
+        def pump():
+            for line in proc.stdout:
+                proc.lines.put(line)
+            proc.lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+    return proc.lines
 
 
 STEP_LINE = re.compile(r"^step (\d+)/(\d+) \| train loss (\S+) \| lr (\S+) \| norm (\S+) \|")

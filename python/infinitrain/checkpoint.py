@@ -70,6 +70,15 @@ def file_kind(st_mode: int) -> str:
     return "special file"
 
 
+def path_kind(path) -> str | None:
+    """What `path` is, symlinks followed (file_kind's words), or None when nothing is there or it cannot be
+    reached (the open that follows says which)."""
+    try:
+        return file_kind(os.stat(path).st_mode)
+    except OSError:
+        return None
+
+
 def atomic_write(path: str | os.PathLike, write_fn: Callable) -> None:
     """Calls write_fn(binary file) on a temp file beside `path`, then fsyncs and renames it over `path`.
 

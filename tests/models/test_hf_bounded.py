@@ -129,17 +129,23 @@ def random_hf_config(kind, g):
     return cfg
 
 
+def random_model(kind, g):
+    """(model, family, config, cfg): a family's model built from a fresh random config.json of `kind`."""
+    cfg = random_hf_config(kind, g)
+    family, config = registry.config_from_hf(cfg)
+    model = family.build(config, DEVICE)
+    if family.hf.tie is not None:
+        model = family.hf.tie(model, cfg)
+    return model, family, config, cfg
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen3", "qwen3_moe", "mixtral"])
 def test_expected_shapes_are_what_the_family_writes(kind, tmp_path):
     """A family's HFFormat.shapes (from the config alone) names exactly the tensors its save_pretrained writes, in
     their shapes, on fresh random configs; the folders load back bit-exactly."""
     g = rng()
     for trial in range(4):
-        cfg = random_hf_config(kind, g)
-        family, config = registry.config_from_hf(cfg)
-        model = family.build(config, DEVICE)
-        if family.hf.tie is not None:
-            model = family.hf.tie(model, cfg)
+        model, family, config, cfg = random_model(kind, g)
         for p in model.parameters():
             p.copy_(it.from_numpy(g.standard_normal(p.shape).astype(np.float32), device=p.device))
         _, written = family.hf.save(model)
@@ -170,12 +176,7 @@ HUGE = {
 def test_a_huge_config_next_to_tiny_weights_fails_before_building(kind, tmp_path):
     """The config implies a gigabyte model, the files hold a tiny one: refused from the headers, naming the
     mismatched tensor, with the peak memory of the child far below the model's (nothing built, nothing read)."""
-    g = rng()
-    cfg = random_hf_config(kind, g)
-    family, config = registry.config_from_hf(cfg)
-    model = family.build(config, DEVICE)
-    if family.hf.tie is not None:
-        model = family.hf.tie(model, cfg)
+    model = random_model(kind, rng())[0]
     model.save_pretrained(tmp_path)
     big = dict(json.loads((tmp_path / "config.json").read_text()), **HUGE[kind])
     (tmp_path / "config.json").write_text(json.dumps(big))
@@ -362,12 +363,7 @@ WRONG = [["gpt2"], {"a": 1}, "7", True, -1, 2**70, 1.5, None, []]
 def test_wrong_config_types_are_one_value_error_naming_the_file(kind, tmp_path):
     """Every config.json field of a valid folder set to values of the wrong type (or out of range): from_pretrained
     loads it or raises one ValueError naming the folder's file; nothing else escapes."""
-    g = rng()
-    cfg = random_hf_config(kind, g)
-    family, config = registry.config_from_hf(cfg)
-    model = family.build(config, DEVICE)
-    if family.hf.tie is not None:
-        model = family.hf.tie(model, cfg)
+    model = random_model(kind, rng())[0]
     model.save_pretrained(tmp_path / "ok")
     saved = json.loads((tmp_path / "ok" / "config.json").read_text())
     keys = sorted(set(saved) | {"model_type", "router_aux_loss_coef", "head_dim", "rope_scaling", "n_inner"})

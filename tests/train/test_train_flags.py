@@ -15,6 +15,7 @@ import pytest
 
 import infinitrain as it
 from harness import DEVICE, rng, run_train
+from harness import run_train_in_process as run_in_process
 from infinitrain.data import DataLoader, read_tokens, write_tokens
 from infinitrain.models import registry as R
 from infinitrain.nn import recompute
@@ -58,30 +59,6 @@ LLAMA3_FLAGS = """# LLaMA3 training defaults. CLI options after --flagfile overr
 --save_optimizer_state=true
 --profile_name=llama3
 """
-
-
-class Result:
-    def __init__(self, returncode, stdout, stderr):
-        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
-
-
-def run_in_process(capsys, *flags):
-    """The train CLI in this process, for runs that stop before training (no interpreter start-up)."""
-    from infinitrain import train
-
-    train.FLAGS.unparse_flags()
-    argv = ["train", f"--device={DEVICE}", *flags]
-    saved, sys.argv = sys.argv, argv
-    try:
-        train.run()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = saved
-        train.FLAGS.unparse_flags()
-    out = capsys.readouterr()
-    return Result(code, out.out, out.err)
 
 
 def one_line_error(p, *needles):

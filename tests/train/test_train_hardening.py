@@ -9,13 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 
-from harness import DEVICE, child_env, rng, run_train, step_lines
+from harness import DEVICE, child_env, rng, run_train, stdout_queue, step_lines
 from infinitrain import checkpoint
 from infinitrain.data import ByteTokenizer, write_tokens
 
@@ -57,24 +56,9 @@ def start_train(*flags):
     )
 
 
-def _stdout_lines(proc):
-    """A queue of the child's stdout lines (None at the end), filled by a thread: reads wait with a timeout, so a
-    child that hangs fails the test instead of hanging it."""
-    if not hasattr(proc, "lines"):
-        proc.lines = queue.Queue()
-
-        def pump():
-            for line in proc.stdout:
-                proc.lines.put(line)
-            proc.lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-    return proc.lines
-
-
 def wait_for_step(proc, step, timeout=120):
     """Reads the child's stdout until it prints step `step`; returns the lines read."""
-    lines, deadline, q = [], time.time() + timeout, _stdout_lines(proc)
+    lines, deadline, q = [], time.time() + timeout, stdout_queue(proc)
     while True:
         try:
             line = q.get(timeout=max(0.0, deadline - time.time()))
@@ -99,7 +83,7 @@ def finish(proc, timeout=120):
         proc.kill()
         proc.wait(timeout=timeout)
         raise AssertionError(f"the run did not exit within {timeout} s") from None
-    q, out = _stdout_lines(proc), []
+    q, out = stdout_queue(proc), []
     while (line := q.get(timeout=timeout)) is not None:
         out.append(line)
     return "".join(out), proc.stderr.read()

@@ -12,12 +12,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections import namedtuple
 
 import numpy as np
 import pytest
 
-from harness import DEVICE, child_env, rng, run_train, step_lines
+from harness import DEVICE, child_env, rng, run_train, run_train_in_process, stdout_queue, step_lines
 from infinitrain import checkpoint
 from infinitrain.data import write_tokens
 
@@ -162,14 +161,7 @@ train.run()
 def start_slow(*flags):
     cmd = [sys.executable, "-c", SLOW_TRAIN, f"--device={DEVICE}", *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
-    proc.lines = queue.Queue()
-
-    def pump():
-        for line in proc.stdout:
-            proc.lines.put(line)
-        proc.lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
+    stdout_queue(proc)
     return proc
 
 
@@ -364,26 +356,6 @@ def test_inputs_that_are_not_regular_files_are_refused(corpus, tmp_path):
 
 # ---- room for two checkpoints -------------------------------------------------------------------------------
 
-Result = namedtuple("Result", "returncode stdout stderr")
-
-
-def run_in_process(capsys, *flags):
-    """The train CLI in this process (so a monkeypatched os.statvfs reaches it)."""
-    from infinitrain import train as cli
-
-    cli.FLAGS.unparse_flags()
-    saved, sys.argv = sys.argv, ["train", f"--device={DEVICE}", *flags]
-    try:
-        cli.run()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        sys.argv = saved
-        cli.FLAGS.unparse_flags()
-    out = capsys.readouterr()
-    return Result(code, out.out, out.err)
-
 
 MIDSIZE = ["--model=llama3", "--n_layer=2", "--n_embd=64", "--n_head=4", "--n_kv_head=2", "--vocab_size=64", *TINY_RUN]
 
@@ -414,14 +386,14 @@ def test_checkpoint_dir_without_room_for_two_checkpoints_is_refused(corpus, tmp_
     ckpt = tmp_path / "ckpt"
     args = [f"--input_bin={corpus}", *MIDSIZE, "--num_iteration=2", "--save_interval=1", f"--save={ckpt}"]
     fake_free_space(monkeypatch, tmp_path, int(1.5 * size))
-    p = run_in_process(capsys, *args)
+    p = run_train_in_process(capsys, *args)
     assert_refused(p, f"--checkpoint_dir={ckpt}", "no room for two checkpoints", "free", status=2)
     assert not list(ckpt.glob("ckpt_*")), names(ckpt)
     fake_free_space(monkeypatch, tmp_path, 2 * size + (1 << 20))
-    assert run_in_process(capsys, *args).returncode == 0
+    assert run_train_in_process(capsys, *args).returncode == 0
     # Resuming, its two checkpoints count as room (rotation deletes them): less than one more is enough.
     fake_free_space(monkeypatch, tmp_path, size // 2)
-    p = run_in_process(capsys, *args, "--resume")
+    p = run_train_in_process(capsys, *args, "--resume")
     assert p.returncode == 0 and "resumed from" in p.stdout, p.stderr
     # The estimate bounds the real size (a few header bytes over).
     assert size <= probe.checkpoint_bytes() <= size + (256 << 10), (size, probe.checkpoint_bytes())

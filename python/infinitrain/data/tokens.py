@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from ..checkpoint import atomic_write, file_kind
+from ..checkpoint import atomic_write, path_kind
 
 HEADER_WORDS = 256
 HEADER_BYTES = HEADER_WORDS * 4
@@ -101,16 +101,9 @@ def _check_header(path: str, header: np.ndarray, size: int) -> tuple[str, int, i
     return kind, version, count
 
 
-def _path_kind(path: str):
-    try:
-        return file_kind(os.stat(path).st_mode)
-    except OSError:
-        return None  # nothing there (or unreachable): the open that follows says which
-
-
 def _open_checked(path: str):
     """Opens a token file and validates its header against its size; returns (fd, kind, version, count)."""
-    kind = _path_kind(path)
+    kind = path_kind(path)
     if kind == "directory":
         raise ValueError(f"{path}: is a directory, not an llm.c token file")
     if kind not in (None, "regular file"):  # a FIFO would block the open, a device read as endless or no tokens

@@ -56,7 +56,7 @@ class CheckpointDir:
 
     def __init__(self, directory, keep=2):
         self.directory, self.keep = directory, keep
-        kind = _kind_of(directory)
+        kind = checkpoint.path_kind(directory)
         if kind not in (None, "directory"):  # /dev/null, a file: never written into or replaced
             raise UsageError(f"--checkpoint_dir={directory}: is a {kind}, not a directory")
         try:
@@ -75,7 +75,7 @@ class CheckpointDir:
         self._lock()
         self.removed = self._remove_stale_temporaries()
         for path in self.checkpoints():  # a save would fail on (or replace) one of these only after training
-            kind = _kind_of(path) or "dangling symlink"
+            kind = checkpoint.path_kind(path) or "dangling symlink"
             if kind != "regular file":
                 self.close()
                 raise UsageError(
@@ -253,20 +253,12 @@ class StopRequest:
 # ---- output files -----------------------------------------------------------------------------------------------
 
 
-def _kind_of(path):
-    """What `path` is (symlinks followed): checkpoint.file_kind's words, or None when nothing is there."""
-    try:
-        return checkpoint.file_kind(os.stat(path).st_mode)
-    except OSError:
-        return None  # nothing there (or unreachable): the open that follows says which
-
-
 def open_output(path, mode="a"):
     """Opens a file a run streams into (metrics, logs, records), text mode "a" or "w". A symlink is written
     through; a regular file or a character device (/dev/null, a terminal) is opened as asked; a FIFO only when
     its reader is there (opening it would block until one comes). A directory, block device or socket raises
     OSError: never written into."""
-    kind = _kind_of(path)
+    kind = checkpoint.path_kind(path)
     if kind not in (None, "regular file", "character device", "FIFO (named pipe)"):
         code = errno.EISDIR if kind == "directory" else errno.EINVAL
         raise OSError(code, f"is a {kind}, not a file to write to")

@@ -17,7 +17,7 @@ import numpy as np
 
 import infinitrain as it
 from infinitrain import parallel
-from infinitrain.checkpoint import file_kind
+from infinitrain.checkpoint import path_kind
 from infinitrain.data import (
     ByteTokenizer,
     DataLoader,
@@ -783,13 +783,6 @@ def check_inputs(cfg, prec_cfg):
             raise UsageError(f"{flag}={path}: {str(e).removeprefix(path + ': ')}") from None
 
 
-def _output_kind(path):
-    try:
-        return file_kind(os.stat(path).st_mode)
-    except OSError:
-        return None  # nothing there (or unreachable): the open that follows says which
-
-
 def check_outputs(cfg, run_dir, profile_steps):
     """Files written at the end of a run are checked at start: the profile's (streamed: a regular file, a
     character device or nothing yet) and the LoRA adapters (replaced atomically: a regular file or nothing yet);
@@ -799,13 +792,13 @@ def check_outputs(cfg, run_dir, profile_steps):
         files += [(f"--profile_name={cfg.profile_name}", os.path.join(run_dir, cfg.profile_name + s), streamed)
                   for s in (".profile.md", ".trace.json")]  # fmt: skip
     if cfg.lora_save_path:
-        kind = _output_kind(cfg.lora_save_path)
+        kind = path_kind(cfg.lora_save_path)
         if kind not in (None, "directory"):
             raise UsageError(f"--lora_save_path={cfg.lora_save_path}: is a {kind}, not a directory")
         files += [(f"--lora_save_path={cfg.lora_save_path}", os.path.join(cfg.lora_save_path, n), ("regular file",))
                   for n in (lora.ADAPTER_WEIGHTS, lora.ADAPTER_CONFIG)]  # fmt: skip
     for flag, path, allowed in files:
-        kind = _output_kind(path)
+        kind = path_kind(path)
         if kind is not None and kind not in allowed:
             raise UsageError(f"{flag}: {path} is a {kind}, not a file to write to")
 
