@@ -525,3 +525,25 @@ def test_timeouts(monkeypatch):
     # A recv without a send.
     dist.recv(comms[1], it.zeros(3, device=comms[1].device), 0)
     drain([comms[1].device], "recv #0 on rank 1 from rank 0 timed out")
+
+
+@pytest.mark.skipif(NDEV < 2, reason=f"{NDEV} {TYPE} devices")
+def test_replica_gradients_average_what_some_replica_reached_and_leave_the_rest():
+    """The in-process data-parallel average (the trainer's Local strategy): a parameter reached on one replica is
+    averaged with zero from the other; one reached on none keeps no gradient (AdamW would move a zero one)."""
+    from infinitrain.training.strategy import average_replica_gradients
+
+    comms = dist.init_all(devices(2))
+    g = [sample((3, 2)).astype(np.float32) for _ in range(3)]
+    replicas = []
+    for r, d in enumerate(devices(2)):
+        params = [it.nn.Parameter(it.zeros((3, 2), device=d)) for _ in range(3)]
+        params[0].grad = it.from_numpy(g[r], device=d)  # reached on both
+        if r == 0:
+            params[1].grad = it.from_numpy(g[2], device=d)  # reached on replica 0 only; params[2] on none
+        replicas.append(params)
+    average_replica_gradients(replicas, comms)
+    for params in replicas:
+        np.testing.assert_array_equal(params[0].grad.numpy(), (g[0] + g[1]) / 2)
+        np.testing.assert_array_equal(params[1].grad.numpy(), g[2] / 2)
+        assert params[2].grad is None

@@ -160,6 +160,11 @@ def test_target_module_errors_and_patterns():
         lora.apply_lora(model, "q_proj")
     with pytest.raises(ValueError, match="lora rank"):
         lora.apply_lora(qwen3(), "q_proj", rank=0)
+    q = qwen3().layers[0].self_attn.q_proj
+    side = min(q.in_features, q.out_features)
+    assert lora.LoRALinear(q, side, 1.0).lora_A.shape == (side, q.in_features)  # the largest rank that adds
+    with pytest.raises(ValueError, match=f"lora rank {side + 1} exceeds the smaller side"):
+        lora.LoRALinear(q, side + 1, 1.0)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama3", "mixtral", "qwen3"])

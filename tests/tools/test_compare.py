@@ -129,6 +129,39 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('"step"', "expected a JSON object, got str"),
+        ('{"kind": "step", "train_loss": 1.0}', "a step line needs a non-negative integer 'step', got None"),
+        ('{"kind": "step", "step": "3"}', "a step line needs a non-negative integer 'step', got '3'"),
+        ('{"kind": "step", "step": true}', "a step line needs a non-negative integer 'step', got True"),
+        ('{"kind": "step", "step": -2}', "a step line needs a non-negative integer 'step', got -2"),
+        ('{"kind": "step", "step": 3, "train_loss": "low"}', "step 3's 'train_loss' should be a number, got 'low'"),
+        ('{"kind": "step", "step": 3, "tokens_per_s": [1]}', "step 3's 'tokens_per_s' should be a number, got [1]"),
+        ('{"kind": "config", "devices": "cpu"}', "config's 'devices' should be a JSON list, got 'cpu'"),
+        ('{"kind": "config", "flags": [1]}', "config's 'flags' should be a JSON dict, got [1]"),
+        ('{"kind": "config", "devices": [1]}', "config's 'devices' should be a list of strings"),
+    ],
+)
+def test_a_malformed_metrics_line_is_one_line_naming_it(line, message, tmp_path, capsys):
+    """A line of the right JSON but the wrong shape (a hand-edited or foreign file) is named with its line number,
+    by read_metrics (ValueError) and by the tool (status 2), never a KeyError or TypeError."""
+    good = tmp_path / "good.jsonl"
+    write_metrics(good, "float32", [2.0, 1.5], [100.0, 100.0])
+    bad = tmp_path / "bad.jsonl"
+    lines = good.read_text().splitlines()
+    first = 1 if '"config"' in line else 2  # a config line counts only as the first one
+    bad.write_text("\n".join(lines[: first - 1] + [line] + lines[first - 1 :]) + "\n")
+    with pytest.raises(ValueError) as e:
+        read_metrics(bad)
+    assert str(e.value) == f"{bad}:{first}: {message}"
+    assert C.main([str(good), str(bad), f"--out={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {bad}:{first}: {message}\n", err
+
+
 def test_one_configuration_on_two_devices(corpus, tmp_path):
     """--devices trains the flags after -- on each device and compares (cpu against the device under test)."""
     out = tmp_path / "cmp"

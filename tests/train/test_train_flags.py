@@ -118,12 +118,17 @@ def test_unknown_and_unimplemented_flags_are_refused_by_name(corpus, tmp_path, c
         ("--sequence_parallel", "splits the model across processes"),
         ("--pipeline_parallel=2", "splits the model across processes"),
         ("--lora_save_path=x", "--lora_save_path needs --lora_rank"),
+        ("--lora_dropout=nan", "--lora_dropout=nan must be in [0, 1)"),  # refused with or without --lora_rank
+        ("--lora_dropout=1", "--lora_dropout=1.0 must be in [0, 1)"),
         ("--activation_recompute --model=mixtral", "not implemented for mixture-of-experts"),
         ("--recompute_granularity=selective", "selective"),
         ("--recompute_num_layers=2", "--recompute_num_layers=2"),
         ("--lr_decay_style=warmdown", "lr_decay_style"),
     ):
         one_line_error(run_in_process(capsys, *base, *flag.split()), flag.split()[0].split("=")[0], needle)
+    # A rank beyond the adapted layers' sides is refused before anything is allocated for it.
+    p = run_in_process(capsys, *base, "--lora_rank=1099511627776")
+    one_line_error(p, "LoRA: lora rank 1099511627776 exceeds the smaller side of a 32 -> 96 layer")
 
 
 def test_model_shape_conflicts_and_vocabulary(corpus, tmp_path, capsys):

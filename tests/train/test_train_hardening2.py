@@ -347,6 +347,8 @@ def test_inputs_that_are_not_regular_files_are_refused(corpus, tmp_path):
         ([f"--input_bin={corpus}", f"--llmc_filepath={fifo}"], ["--llmc_filepath", "FIFO"]),
         ([f"--input_bin={corpus}", "--model=gpt2", f"--config_json={fifo}"], ["--config_json", "FIFO"]),
         ([f"--input_bin={corpus}", f"--load={fifo}"], ["--load", "FIFO"]),
+        # An empty directory started a run from scratch with exit 0, as if continuing one.
+        ([f"--input_bin={corpus}", f"--load={folder}"], [f"--load={folder}", "holds no checkpoint (ckpt_*.bin)"]),
         ([f"--input_bin={corpus}", f"--lora_load_path={corpus}"], ["--lora_load_path", "not a directory"]),
     ):
         fixed = any(f.startswith(("--llmc_filepath", "--config_json", "--tokenizer_bin")) for f in flags)
@@ -415,3 +417,22 @@ def test_no_room_on_a_small_file_system(corpus, tmp_path):
     p = subprocess.run(["unshare", "-m", "sh", "-c", script, str(mnt), *cmd], capture_output=True, text=True,
                        env=child_env(), timeout=TIMEOUT)  # fmt: skip
     assert_refused(p, "no room for two checkpoints", "MiB free", status=2)
+
+
+def test_lora_adapters_on_a_read_only_file_system_are_refused_at_start(corpus, tmp_path):
+    """--lora_save_path on a read-only mount failed after the last step with a bare OSError (status 1)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare here")
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro,size=1m tmpfs {mnt}"],
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {probe.stderr.strip()}")
+    out = mnt / "adapters" / "new"
+    cmd = [sys.executable, "-m", "infinitrain.train", f"--device={DEVICE}", f"--input_bin={corpus}", *TINY]
+    cmd += ["--num_iteration=2", "--lora_rank=2", f"--lora_save_path={out}"]
+    script = 'mount -t tmpfs -o ro,size=1m tmpfs "$0" && exec "$@"'
+    p = subprocess.run(["unshare", "-m", "sh", "-c", script, str(mnt), *cmd], capture_output=True, text=True,
+                       env=child_env(), timeout=TIMEOUT)  # fmt: skip
+    assert_refused(p, f"--lora_save_path={out}", f"cannot write in {mnt} (read-only or no permission)", status=2)

@@ -129,9 +129,18 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
 
 
+# The shapes of infinitrain.tools.bench_gpu's --model choices.
+SHAPES = {
+    "gpt2": (GPT2, {}),
+    "llama3": (Llama, {}),
+    "gpt2-xl": (GPT2, dict(layers=48, heads=25, d=1600)),
+    "llama3-1b": (Llama, dict(vocab=128256, layers=16, heads=32, kv=8, d=2048, hidden=8192)),
+}
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--model", choices=["gpt2", "llama3"], default="gpt2")
+    p.add_argument("--model", choices=list(SHAPES), default="gpt2")
     p.add_argument("--mode", choices=["eager", "naive", "compile"], default="eager")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
@@ -140,10 +149,11 @@ def main():
     a = p.parse_args()
     torch.manual_seed(0)
     dev = "cuda"
-    model = (GPT2 if a.model == "gpt2" else Llama)(T=a.seq, naive=a.mode == "naive").to(dev)
+    family, shape = SHAPES[a.model]
+    model = family(T=a.seq, naive=a.mode == "naive", **shape).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     step_fn = torch.compile(model) if a.mode == "compile" else model
-    vocab = 50257 if a.model == "gpt2" else 32000
+    vocab = 50257 if family is GPT2 else shape.get("vocab", 32000)
     data = torch.randint(0, vocab, (a.batch, a.seq + 1), device=dev)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 

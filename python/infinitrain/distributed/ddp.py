@@ -11,7 +11,8 @@ parameter of a bucket, the bucket's gradients are flattened and all-reduced (ave
 goes on: cpu buckets on the group's collective thread, device buckets on a communication stream that waits for
 the gradients. Buckets are reduced in bucket order on every rank, so ranks always agree on the sequence. At the
 end of backward the averaged values are copied back into .grad. A parameter that got no gradient raises, unless
-find_unused_parameters=True, which counts its gradient as zero.
+find_unused_parameters=True, which counts its gradient as zero in the average, and leaves none (.grad None) on a
+parameter that no rank's backward reached.
 """
 
 import contextlib
@@ -19,7 +20,7 @@ import contextlib
 from infinitrain import autograd, functional, nn, runtime
 from infinitrain.distributed.collectives import all_reduce, broadcast, reduce
 from infinitrain.distributed.group import NON_GROUP_MEMBER, default_group
-from infinitrain.tensor import zeros_like
+from infinitrain.tensor import tensor, zeros_like
 
 
 class _Bucket:
@@ -189,11 +190,38 @@ class DistributedDataParallel(nn.Module):
                 b.work.record()
         b.flat = flat
 
+    def _reduce_used_map(self, flags):
+        """Starts the all-reduce (max) of which parameters got a gradient on this rank (flags, 1.0 or 0.0 each),
+        after every bucket's: every rank runs it each backward, as every rank must; only a rank with an unused
+        parameter waits for it."""
+        used = tensor(flags, dtype="float32", device=self.device)
+        if self._stream is None:
+            return used, all_reduce(used, "max", self.process_group, async_op=True)
+        with runtime.stream(self._stream):
+            all_reduce(used, "max", self.process_group)
+            done = runtime.Event(self.device)
+            done.record()
+        return used, done
+
+    def _drop_globally_unused(self, used):
+        """A parameter no rank's backward reached keeps no gradient, as without DDP (PyTorch's reducer does the
+        same): a zero one would still be moved by the optimizer's momentum and weight decay."""
+        flags, work = used
+        if self._stream is None:
+            work.wait()
+        else:
+            runtime.current_stream(self.device).wait_event(work)
+        for p, u in zip(self._order, flags.numpy(), strict=True):
+            if u == 0:
+                p.grad = None
+
     def _finish(self):
         self._pass = None
         self._reduced_to_owners = any(b.owner is not None for b in self._buckets)
         waiting = {id(p) for b in self._buckets[self._next :] for p in b.params if id(p) not in b.ready}
         missing = [n for i, n in self._names.items() if i in waiting]  # in registration order
+        # Which parameters got a gradient on this rank, taken before the unused ones get zeros.
+        flags = [0.0 if id(p) in waiting and p.grad is None else 1.0 for p in self._order]
         if missing:
             if not self.find_unused_parameters:
                 shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
@@ -208,6 +236,7 @@ class DistributedDataParallel(nn.Module):
                             p.grad = zeros_like(p)
                         b.ready.add(id(p))
             self._launch_ready()
+        used = self._reduce_used_map(flags) if self.find_unused_parameters else None
         current = None if self._stream is None else runtime.current_stream(self.device)
         for b in self._buckets:
             if current is None:
@@ -222,3 +251,5 @@ class DistributedDataParallel(nn.Module):
                 for p in b.params:
                     p.grad = None  # its owner steps it
             b.flat = b.work = None
+        if missing:  # a parameter unused on every rank was unused on this one
+            self._drop_globally_unused(used)

@@ -46,6 +46,11 @@ class LoRALinear(nn.Module):
             raise ValueError(f"lora dropout must be in [0, 1), got {dropout}")
         w = base.weight
         self.in_features, self.out_features = base.in_features, base.out_features
+        if rank > min(self.in_features, self.out_features):
+            # The update's rank cannot exceed the layer's smaller side; a larger one only costs memory.
+            raise ValueError(
+                f"lora rank {rank} exceeds the smaller side of a {self.in_features} -> {self.out_features} layer"
+            )
         self.rank, self.alpha, self.dropout = int(rank), float(alpha), float(dropout)
         self.scaling = self.alpha / self.rank
         self.weight = base.weight

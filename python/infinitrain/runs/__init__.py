@@ -365,6 +365,27 @@ def metrics_path(path):
     return os.path.join(path, METRICS_NAME) if os.path.isdir(path) else path
 
 
+def _checked_config(path, n, rec):
+    for key, kind in (("flags", dict), ("model_config", dict), ("devices", list)):
+        if rec.get(key) is not None and not isinstance(rec[key], kind):
+            raise ValueError(f"{path}:{n}: config's {key!r} should be a JSON {kind.__name__}, got {rec[key]!r:.60}")
+    if not all(isinstance(d, str) for d in rec.get("devices") or []):
+        raise ValueError(f"{path}:{n}: config's 'devices' should be a list of strings")
+    return rec
+
+
+def _checked_step(path, n, rec):
+    """The step number of a step line whose step and numeric fields are what readers expect."""
+    step = rec.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"{path}:{n}: a step line needs a non-negative integer 'step', got {step!r:.60}")
+    for key, value in rec.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key not in ("kind", "step") and not (number or value is None):
+            raise ValueError(f"{path}:{n}: step {step}'s {key!r} should be a number, got {value!r:.60}")
+    return step
+
+
 def read_metrics(path):
     """(config, steps) of a metrics file or run directory: the first config line, and step -> the newest step
     line (a resumed run re-does the steps after its checkpoint)."""
@@ -386,10 +407,13 @@ def read_metrics(path):
             if n == len(lines):
                 continue  # a run killed mid-write leaves a partial last line
             raise ValueError(f"{path}:{n}: not a JSON line") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
         if rec.get("kind") == "config" and config is None:
-            config = rec
+            config = _checked_config(path, n, rec)
         elif rec.get("kind") == "step":
-            steps[int(rec["step"])] = rec
+            step = _checked_step(path, n, rec)
+            steps[step] = rec
     if config is None:
         raise ValueError(f"{path}: not a metrics file (no config line)")
     return config, steps

@@ -19,7 +19,12 @@ from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("device", "cuda", "Device to measure.")
-flags.DEFINE_enum("model", "gpt2", ["gpt2", "llama3"], "Model.")
+flags.DEFINE_enum(
+    "model",
+    "gpt2",
+    ["gpt2", "llama3", "gpt2-xl", "llama3-1b"],
+    "Model: 124M shapes, GPT-2 XL, or LLaMA 3.2-1B's shape.",
+)
 flags.DEFINE_integer("batch", 16, "Sequences per step.")
 flags.DEFINE_integer("seq", 1024, "Tokens per sequence.")
 flags.DEFINE_integer("steps", 20, "Timed steps.")
@@ -30,20 +35,15 @@ flags.DEFINE_integer("top", 15, "Ops in the profile table.")
 
 
 def build(model, seq, device):
-    if model == "gpt2":
-        cfg = GPT2Config(block_size=seq, vocab_size=50257, padded_vocab_size=50304, n_layer=12, n_head=12, n_embd=768)
+    if model in ("gpt2", "gpt2-xl"):
+        shape = dict(n_layer=12, n_head=12, n_embd=768) if model == "gpt2" else dict(n_layer=48, n_head=25, n_embd=1600)
+        cfg = GPT2Config(block_size=seq, vocab_size=50257, padded_vocab_size=50304, **shape)
         return GPT2(cfg, device), cfg.vocab_size
-    cfg = LLaMA3Config(
-        block_size=seq,
-        vocab_size=32000,
-        n_layer=12,
-        n_head=12,
-        n_kv_head=4,
-        n_embd=768,
-        ffn_dim_multiplier=1.0,
-        multiple_of=256,
-        use_scaled_rope=False,
-    )
+    if model == "llama3":
+        shape = dict(vocab_size=32000, n_layer=12, n_head=12, n_kv_head=4, n_embd=768, ffn_dim_multiplier=1.0)
+    else:  # LLaMA 3.2-1B's shape (FFN 8192), its head untied as this model family has it
+        shape = dict(vocab_size=128256, n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, ffn_dim_multiplier=1.5)
+    cfg = LLaMA3Config(block_size=seq, multiple_of=256, use_scaled_rope=False, **shape)
     return LLaMA3(cfg, device), cfg.vocab_size
 
 

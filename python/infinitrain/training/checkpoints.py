@@ -137,9 +137,10 @@ def apply_checkpoint(
 def checkpoint_candidates(path):
     """Checkpoint files at `path` (a file, or a directory's ckpt_*.bin), oldest first."""
     if os.path.isdir(path):
-        import glob
-
-        return sorted(glob.glob(os.path.join(path, "ckpt_*.bin")))
+        found = sorted(glob.glob(os.path.join(path, "ckpt_*.bin")))
+        if not found:  # unlike --resume's first attempt, --load names a run to continue: it must be there
+            raise UsageError(f"--load={path}: the directory holds no checkpoint (ckpt_*.bin)")
+        return found
     if os.path.exists(path):
         return [path]
     raise UsageError(f"--load={path}: no such checkpoint file or directory")

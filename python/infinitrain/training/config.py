@@ -263,6 +263,8 @@ class RunConfig:
             v = getattr(self, name)
             if v is not None and (not math.isfinite(v) or v < 0):
                 raise UsageError(f"--{name}={v} must be finite and >= 0")
+        if not 0.0 <= self.lora_dropout < 1.0:  # NaN fails too
+            raise UsageError(f"--lora_dropout={self.lora_dropout} must be in [0, 1)")
 
     def _check_conflicts(self):
         if self.activation_recompute and self.recompute_granularity == "none":

@@ -95,6 +95,21 @@ def fill_missing_grads(params):
             p.grad = zeros(p.shape, dtype=p.dtype, device=p.device)
 
 
+def average_replica_gradients(replicas, comms):
+    """All-reduces (averages) in place the gradients of in-process replicas (replicas[i]: replica i's trainable
+    parameters, in one order; comms[i] its communicator). A parameter that no replica's backward reached (an
+    expert no token was routed to) keeps no gradient, as on one device; one that some replicas reached is averaged
+    with zeros for the others."""
+    reached = [any(p.grad is not None for p in same) for same in zip(*replicas, strict=True)]
+    for params in replicas:
+        fill_missing_grads([p for p, r in zip(params, reached, strict=True) if r])
+    with it.distributed.group(comms[0].device):
+        for params, comm in zip(replicas, comms, strict=True):
+            for p in params:
+                if p.grad is not None:
+                    it.distributed.comm.all_reduce(comm, p.grad, "avg")
+
+
 def optimizer_choice(cfg):
     """(optimizer class, its keyword arguments) that --optimizer and its flags choose."""
     name, lr, wd = cfg.optimizer, cfg.learning_rate, cfg.weight_decay
@@ -193,14 +208,7 @@ class Local(Strategy):
             self.comms = it.distributed.init_all(self.devices)
 
     def _average_gradients(self):
-        """All-reduces (averages) every parameter's gradient across the replicas, in place."""
-        for p in self.params:  # an expert no token reached has no gradient; the all-reduce needs one
-            fill_missing_grads(p)
-        with it.distributed.group(self.comms[0].device):
-            for m, comm in zip(self.models, self.comms, strict=True):
-                for p in m.parameters():
-                    if p.grad is not None:
-                        it.distributed.comm.all_reduce(comm, p.grad, "avg")
+        average_replica_gradients(self.params, self.comms)
 
     def step(self, step, lr, loader, accum, prof=None, rec=None, ddp=None):
         cfg, n, B = self.cfg, len(self.devices), self.cfg.batch_size

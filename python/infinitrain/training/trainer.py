@@ -579,7 +579,10 @@ class Trainer:
     def _finish(self):
         cfg = self.cfg
         if cfg.lora_save_path and self.strategy.lead:
-            lora.save_adapters(self.strategy.model, cfg.lora_save_path)
+            try:
+                lora.save_adapters(self.strategy.model, cfg.lora_save_path)
+            except OSError as e:  # checked at start, but the disk or its permissions may change during the run
+                raise TrainError(f"--lora_save_path={cfg.lora_save_path}: the adapters were not saved: {e}") from None
             print(f"saved the LoRA adapters to {cfg.lora_save_path}")
         if self.recorder is not None and self.prec_cfg["baseline"]:
             result = precision.first_divergence(self.prec_cfg["baseline"], self.recorder.path)
@@ -797,10 +800,23 @@ def check_outputs(cfg, run_dir, profile_steps):
             raise UsageError(f"--lora_save_path={cfg.lora_save_path}: is a {kind}, not a directory")
         files += [(f"--lora_save_path={cfg.lora_save_path}", os.path.join(cfg.lora_save_path, n), ("regular file",))
                   for n in (lora.ADAPTER_WEIGHTS, lora.ADAPTER_CONFIG)]  # fmt: skip
+        where = _nearest_existing(cfg.lora_save_path)
+        if not os.access(where, os.W_OK | os.X_OK):
+            raise UsageError(
+                f"--lora_save_path={cfg.lora_save_path}: cannot write in {where} (read-only or no permission)"
+            )
     for flag, path, allowed in files:
         kind = path_kind(path)
         if kind is not None and kind not in allowed:
             raise UsageError(f"{flag}: {path} is a {kind}, not a file to write to")
+
+
+def _nearest_existing(path):
+    """path, or its nearest ancestor that exists (where writing it would create the rest)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 # ---- data --------------------------------------------------------------------------------------------------------
