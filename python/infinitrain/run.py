@@ -37,6 +37,8 @@ TAIL = 20
 TOKEN_ENV = "INFINITRAIN_STORE_TOKEN"
 HEARTBEAT_ENV = "INFINITRAIN_HEARTBEAT_S"  # the interval the workers beat at (infinitrain.distributed reads it)
 HUNG_EXIT = 124
+USAGE_EXIT = 2  # a worker refused its arguments: the same command would fail the same way, so it is not restarted
+RESTART_ENV = "INFINITRAIN_RESTART_COUNT"
 
 
 def parse(argv):
@@ -64,6 +66,13 @@ def parse(argv):
         default=60.0,
         help="seconds without a heartbeat after which a rank is named hung and the run stopped (0: no watchdog)",
     )
+    p.add_argument(
+        "--max_restarts",
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="after a worker fails or hangs, stop all and start them again, up to this many times (one node)",
+    )
     p.add_argument("-m", "--module", action="store_true", help="run the script argument as a module (python -m)")
     p.add_argument("script", help="the training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
@@ -81,6 +90,10 @@ def parse(argv):
         p.error(f"--master_port must be in [1, 65535] (0, a free port, only with one node), got {a.master_port}")
     if not a.rdzv_timeout > 0:
         p.error("--rdzv_timeout must be positive")
+    if a.max_restarts < 0:
+        p.error(f"--max_restarts must be >= 0, got {a.max_restarts}")
+    if a.max_restarts and a.nnodes > 1:
+        p.error("--max_restarts with several nodes is not implemented yet (the nodes would have to agree on a round)")
     if not (a.heartbeat_timeout == 0 or a.heartbeat_timeout >= 1):  # below a second, a busy host looks hung
         p.error(f"--heartbeat_timeout must be 0 (off) or at least 1 second, got {a.heartbeat_timeout:g}")
     return a
@@ -200,12 +213,44 @@ def main(argv=None):
     bind = a.store_bind_addr or a.master_addr
     if serve and a.nnodes > 1 and not a.store_bind_addr:
         _warn_if_loopback(a.master_addr)
+    workers = []  # this round's
+    received = []
+
+    def forward(sig, _frame):
+        received.append(sig)
+        for w in workers:
+            w.signal(signal.SIGKILL if sig == signal.SIGINT and received.count(signal.SIGINT) > 1 else sig)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        store = _C.TcpStore(bind if serve else a.master_addr, a.master_port, serve, a.rdzv_timeout, token=token)
-    except (OSError, RuntimeError, TimeoutError, ValueError) as e:  # PermissionError (a refused token) is an OSError
-        sys.stderr.write(f"infinitrain.run: cannot reach or serve the store at {a.master_addr}:{a.master_port}: {e}\n")
-        return 1
-    port = store.port  # the one chosen, for --master_port=0
+        port = a.master_port
+        for restart in range(a.max_restarts + 1):
+            # A new store each round: no key of the last round's rendezvous, collectives or heartbeats survives.
+            try:
+                store = _C.TcpStore(bind if serve else a.master_addr, port, serve, a.rdzv_timeout, token=token)
+            except (OSError, RuntimeError, TimeoutError, ValueError) as e:  # a refused token is an OSError
+                sys.stderr.write(f"infinitrain.run: cannot reach or serve the store at {a.master_addr}:{port}: {e}\n")
+                return 1
+            port = store.port  # the one chosen, for --master_port=0; later rounds take it again
+            workers[:] = _start(a, world, token, port, restart)
+            for sig in received[-1:]:  # a signal that came while the round was being set up
+                forward(sig, None)
+            code = _watch(a, workers, store, received)
+            del store  # its server stops: the port is free for the next round
+            if code == 0 or received or code == USAGE_EXIT or restart == a.max_restarts:
+                return code
+            sys.stderr.write(
+                f"infinitrain.run: restarting every worker (restart {restart + 1} of {a.max_restarts}); a training "
+                "run with --save continues from its newest intact checkpoint\n"
+            )
+        return code
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _start(a, world, token, port, restart):
+    """This node's workers for one round (restart: how many rounds came before)."""
     base = dict(os.environ)
     base.update(
         WORLD_SIZE=str(world),
@@ -218,6 +263,9 @@ def main(argv=None):
         INFINITRAIN_DIST_TIMEOUT_S=str(a.rdzv_timeout),
         PYTHONUNBUFFERED="1",
     )
+    # The round, under our name and torchrun's (scripts written for it read TORCHELASTIC_RESTART_COUNT).
+    base.update({RESTART_ENV: str(restart), "TORCHELASTIC_RESTART_COUNT": str(restart)})
+    base["TORCHELASTIC_MAX_RESTARTS"] = str(a.max_restarts)
     base.pop(HEARTBEAT_ENV, None)
     if a.heartbeat_timeout:
         base[HEARTBEAT_ENV] = f"{_heartbeat_interval(a.heartbeat_timeout):g}"
@@ -229,20 +277,7 @@ def main(argv=None):
         rank = a.node_rank * a.nproc_per_node + local
         env = dict(base, RANK=str(rank), LOCAL_RANK=str(local))
         workers.append(Worker(rank, local, cmd, env))
-
-    received = []
-
-    def forward(sig, _frame):
-        received.append(sig)
-        for w in workers:
-            w.signal(signal.SIGKILL if sig == signal.SIGINT and received.count(signal.SIGINT) > 1 else sig)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return _watch(a, workers, store, received)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    return workers
 
 
 def _stop(workers, timeout):

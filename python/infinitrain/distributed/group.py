@@ -20,6 +20,7 @@ import threading
 import time
 
 from infinitrain import _C
+from infinitrain.distributed import cluster
 from infinitrain.distributed import comm as _comm
 
 _DEFAULT_TIMEOUT = 300.0
@@ -216,7 +217,8 @@ def init_process_group(
     enable_reconfigure=False,
 ):
     """Joins the default group: every rank of WORLD_SIZE, meeting at the store on MASTER_ADDR:MASTER_PORT
-    (infinitrain.run serves it; otherwise rank 0 does). init_method "env://" (default) or "tcp://host:port".
+    (infinitrain.run serves it; otherwise rank 0 does). Under srun or mpirun these come from Slurm's or Open MPI's
+    variables (distributed/cluster.py). init_method "env://" (default) or "tcp://host:port".
     backend is accepted for PyTorch's sake: None, "gloo", or the registered provider's CCL; the device of each
     tensor chooses. Waits for every rank, up to timeout (seconds or a timedelta; default 300, or
     INFINITRAIN_DIST_TIMEOUT_S), then raises TimeoutError naming the ranks that did not come. A timeout given
@@ -229,6 +231,8 @@ def init_process_group(
         raise RuntimeError("init_process_group: already initialised (destroy_process_group() first)")
     if backend not in (None, "gloo", "nccl", "mccl", "cuda", "maca", "sim", "cpu"):
         raise ValueError(f"init_process_group: unknown backend {backend!r}: expected None, 'gloo' or a provider's CCL")
+    if rank < 0 or world_size < 0:
+        cluster.apply()  # srun's or mpirun's variables, as infinitrain.run's
     rank = _env_int("RANK") if rank < 0 else int(rank)
     world_size = _env_int("WORLD_SIZE") if world_size < 0 else int(world_size)
     if not 0 <= rank < world_size:

@@ -5,6 +5,7 @@ evaluation, samples, checkpoint cadence, signals.
     Trainer(RunConfig(model="gpt2-tiny", num_iteration=50)).fit()
 """
 
+import glob
 import json
 import math
 import os
@@ -28,12 +29,15 @@ from infinitrain.data import (
     read_tokens_header,
 )
 from infinitrain.data.tokens import token_file_identity
+from infinitrain.distributed import cluster
 from infinitrain.models import lora
 from infinitrain.models import registry as models_registry
 from infinitrain.nn import recompute
 from infinitrain.optim.schedule import Schedule
 from infinitrain.parallel import shards as parallel_shards
+from infinitrain.run import RESTART_ENV
 from infinitrain.runs import (
+    CKPT_PATTERN,
     METRICS_NAME,
     CheckpointDir,
     MetricsLog,
@@ -69,12 +73,16 @@ class Launched:
 
 def launched():
     try:
+        cluster.apply()  # under srun or mpirun: their variables, as infinitrain.run's
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return None
         return Launched(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
     except (KeyError, ValueError):
-        msg = "WORLD_SIZE > 1 needs integer RANK and LOCAL_RANK (start with python -m infinitrain.run)"
+        msg = "WORLD_SIZE > 1 needs integer RANK and LOCAL_RANK (start with python -m infinitrain.run, srun or mpirun)"
         raise UsageError(msg) from None
 
 
@@ -161,6 +169,9 @@ class Trainer:
 
     # ---- the loop ----
     def fit(self):
+        self.restart = restart_round()
+        if self.restart:
+            self.cfg = continued_after_restart(self.cfg)
         cfg = self.cfg
         self.plan = plan = Plan(cfg)
         self.strategy = self._strategy or plan.strategy(cfg)
@@ -504,7 +515,7 @@ class Trainer:
                 "model_config": self.model_config, "parameters": self.n_params,
                 "layout": parallel_shards.layout_meta(plan.layout) if plan.layout else None,
                 "tokens_per_step": plan.total, "accumulation": plan.accum, "data": self.train_path,
-                "tokenizer": self.tok_name, "flags": cfg.values(), "run": self.run,
+                "tokenizer": self.tok_name, "flags": cfg.values(), "run": self.run, "restart": self.restart,
             }
         )  # fmt: skip
 
@@ -809,6 +820,26 @@ def check_outputs(cfg, run_dir, profile_steps):
         kind = path_kind(path)
         if kind is not None and kind not in allowed:
             raise UsageError(f"{flag}: {path} is a {kind}, not a file to write to")
+
+
+def restart_round():
+    """How many times the launcher (infinitrain.run --max_restarts) restarted this run's workers: 0 at first."""
+    value = os.environ.get(RESTART_ENV, "0")
+    if not value.isdigit():
+        raise UsageError(f"{RESTART_ENV}={value!r}: expected a count of restarts")
+    return int(value)
+
+
+def continued_after_restart(cfg):
+    """The settings of a run the launcher restarted: it continues from the newest checkpoint in --save (as with
+    --resume) when there is one, else starts as the first attempt did; never --fresh again (that would set the
+    first attempt's files aside)."""
+    if not cfg.save:
+        print(f"warning: restart {restart_round()} without --checkpoint_dir: training starts again from step 1")
+        return cfg
+    if os.path.isdir(cfg.save) and glob.glob(os.path.join(cfg.save, CKPT_PATTERN)):
+        return cfg.replace(resume=True, load="", fresh=False)
+    return cfg.replace(fresh=False) if cfg.fresh else cfg
 
 
 def _nearest_existing(path):
