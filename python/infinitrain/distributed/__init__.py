@@ -24,6 +24,7 @@ from infinitrain.distributed.collectives import (
 )
 from infinitrain.distributed.comm import OPS, Communicator, group, has_ccl, init_all, init_rank, unique_id
 from infinitrain.distributed.ddp import DistributedDataParallel
+from infinitrain.distributed.fsdp import FullyShardedDataParallel
 from infinitrain.distributed.group import (
     NON_GROUP_MEMBER,
     ProcessGroup,
@@ -62,6 +63,7 @@ __all__ = [
     "ReduceOp",
     "Work",
     "ZeroRedundancyOptimizer",
+    "FullyShardedDataParallel",
     "all_gather",
     "all_gather_into_tensor",
     "all_reduce",

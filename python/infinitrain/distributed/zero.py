@@ -1,4 +1,5 @@
-"""ZeroRedundancyOptimizer: ZeRO stages 1 and 2 over a process group (PyTorch's name and shape for stage 1).
+"""ZeroRedundancyOptimizer: ZeRO stages 1, 2 and 3 over a process group (PyTorch's name and shape for stage 1;
+stage 3 steps the shards of FullyShardedDataParallel, fsdp.py).
 
     ddp = DistributedDataParallel(model)
     opt = ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, lr=1e-3, stage=2, ddp=ddp)
@@ -25,14 +26,16 @@ _INDEXED = re.compile(r"^(.*)\.(\d+)$")
 
 
 class ZeroRedundancyOptimizer:
-    def __init__(self, params, optimizer_class=None, process_group=None, stage=1, ddp=None, **defaults):
+    def __init__(self, params, optimizer_class=None, process_group=None, stage=1, ddp=None, fsdp=None, **defaults):
         group = process_group if process_group is not None else default_group()
         if group is NON_GROUP_MEMBER:
             raise ValueError("ZeroRedundancyOptimizer: this rank is not in the process group")
-        if stage not in (1, 2):
-            raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1 or 2, got {stage!r}")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1, 2 or 3, got {stage!r}")
         if stage == 2 and ddp is None:
             raise ValueError("ZeroRedundancyOptimizer: stage 2 shards gradients inside DDP: pass ddp=<the model>")
+        if stage == 3 and fsdp is None:
+            raise ValueError("ZeroRedundancyOptimizer: stage 3 steps FullyShardedDataParallel's shards: pass fsdp=")
         self.optimizer_class = optimizer_class or _optim.AdamW
         self.process_group, self.stage = group, stage
         # The full parameter groups, as a plain optimizer over every parameter would hold them (schedules set
@@ -42,7 +45,10 @@ class ZeroRedundancyOptimizer:
         self.defaults = self._plain.defaults
         self._all = self._plain.params
         self._plain = None  # its state (the full size) is not kept
-        self.owner = _partition(self._all, group.size)
+        if stage == 3:  # the owner of each parameter is the one holding it
+            self.owner = [fsdp.owner[id(p)] for p in self._all]
+        else:
+            self.owner = partition(self._all, group.size)
         me = group.rank
         self._mine = [i for i, o in enumerate(self.owner) if o == me]
         local_groups, start = [], 0
@@ -95,7 +101,8 @@ class ZeroRedundancyOptimizer:
             self._local.step()
         else:
             self._steps += 1
-        self._sync_parameters()
+        if self.stage < 3:  # stage 3: the others hold no copy to update
+            self._sync_parameters()
         if self._ddp is not None:
             self._ddp._reduced_to_owners = False  # the next backward reduces the next step's gradients
         return loss
@@ -214,7 +221,7 @@ class ZeroRedundancyOptimizer:
         return f"{m.group(1)}.{self._mine[int(m.group(2))]}"
 
 
-def _partition(params, n):
+def partition(params, n):
     """Owner (group rank) of each parameter: the largest first, each to the least loaded rank."""
     load = [0] * n
     owner = [0] * len(params)

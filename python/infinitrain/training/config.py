@@ -194,8 +194,9 @@ class RunConfig:
     profile_name: str = flag("profile", "Prefix of the profiler's files in the run directory.", "outputs")
     # ---- parallel ----
     zero_stage: int = flag(
-        0, "ZeRO stage under infinitrain.run: 0 none, 1 optimizer state sharded, 2 gradients too.", "parallel",
-        lower=0, upper=2,
+        0, "ZeRO stage under infinitrain.run: 0 none, 1 optimizer state sharded, 2 gradients too, 3 parameters "
+        "too (gathered per block, which is recomputed in backward).", "parallel",
+        lower=0, upper=3,
     )  # fmt: skip
     tensor_parallel: int = flag(
         1, "Tensor parallel size under infinitrain.run (GPT-2, LLaMA 3, Mixtral: heads, MLP/experts).", "parallel",

@@ -16,6 +16,7 @@ training layer chooses fused ops (the residual add joined with the next norm, no
 the linear that reads them, GPT-2's linear + GELU + linear as one node); the models themselves are plain.
 """
 
+import contextlib
 import time
 
 import numpy as np
@@ -165,6 +166,17 @@ class Strategy:
     def stop_requested(self, stop):
         return bool(stop.signum)
 
+    def num_parameters(self):
+        return self.model.num_parameters()
+
+    def numel(self, name, t):
+        """The whole size of the model's state_dict entry `name` (t: what this process holds of it)."""
+        return t.numel()
+
+    def whole_model(self):
+        """A context in which `model` holds every parameter (every process must enter it)."""
+        return contextlib.nullcontext()
+
     def abandon_step(self):
         """Whether the step in progress should be given up at this micro-batch boundary (a signal came). Every
         process of a run calls it at the same boundaries: under the launcher it is a collective."""
@@ -176,6 +188,8 @@ class Strategy:
 
 class Local(Strategy):
     """One process: one device, or replicas on several devices of this process (each B rows of every batch)."""
+
+    processes = False  # whether the replicas are processes (under the launcher)
 
     def __init__(self, cfg, devices):
         super().__init__(cfg, devices)
@@ -257,7 +271,7 @@ class Local(Strategy):
                     opt.step()
                 if rec is not None:
                     rec.record_tensors("param", self.models[0].named_parameters())
-            if ddp is not None:
+            if self.processes:
                 it.distributed.all_reduce(loss_sums[0], "avg")  # the loss of the global batch
             train_loss = sum(ls.item() for ls in loss_sums) / n  # the step's host synchronisation
         return train_loss, (norms[0].item() if norms[0] is not None else 0.0)
@@ -304,10 +318,15 @@ class DataParallel(Local):
     """One device per process under the launcher: DDP (or ZeRO-1/2) over the processes; each process reads its B
     rows of every global batch, rank 0 evaluates, samples and writes."""
 
+    processes = True
+
     def __init__(self, cfg, devices, mp):
         super().__init__(cfg, devices)
         self.mp, self.rows, self.lead = mp, mp.world, mp.rank == 0
-        self.samples = self.lead
+        # ZeRO-3: every forward is a collective, so every rank evaluates; samples (rank 0 alone) are not drawn.
+        self.sharded = cfg.zero_stage == 3
+        self.samples = self.lead and not self.sharded
+        self.fsdp = None
 
     def describe(self):
         zero = f", ZeRO-{self.cfg.zero_stage}" if self.cfg.zero_stage else ""
@@ -316,7 +335,7 @@ class DataParallel(Local):
     def split_loaders(self, loader, val_loader):
         B = self.cfg.batch_size
         loader = RankRows(loader, self.mp.rank * B, B)
-        if not self.lead:
+        if not self.lead and not self.sharded:
             val_loader = None  # rank 0 evaluates (the whole global batch)
         return _device_loader(loader, self.devices), _device_loader(val_loader, self.devices)
 
@@ -324,10 +343,22 @@ class DataParallel(Local):
         model = spec.build(self.device)
         self.params = [adapt(model)]
         self.models, self.model = [model], model
-        # Experts that this rank's tokens never reached have no gradient: counted as zero.
-        self.ddp = it.distributed.DistributedDataParallel(model, find_unused_parameters=True)
         cls, kwargs = optimizer_choice(self.cfg)
         stage = self.cfg.zero_stage
+        if stage == 3:
+            if not spec.family.can_recompute(model.config):
+                raise UsageError(
+                    "--zero_stage=3 is not implemented for mixture-of-experts models (it recomputes each block, and "
+                    "the router's balancing loss is a side output of a block's forward)"
+                )
+            self.ddp = None  # the sharded model reduces its own gradients, every micro-batch
+            self.fsdp = it.distributed.FullyShardedDataParallel(model, spec.family.block_list(model))
+            zero = it.distributed.ZeroRedundancyOptimizer
+            self.optimizers = [zero(self.params[0], cls, stage=3, fsdp=self.fsdp, **kwargs)]
+            self.optimizer = self.optimizers[0]
+            return
+        # Experts that this rank's tokens never reached have no gradient: counted as zero.
+        self.ddp = it.distributed.DistributedDataParallel(model, find_unused_parameters=True)
         if stage:
             zero = it.distributed.ZeroRedundancyOptimizer
             self.optimizers = [zero(self.params[0], cls, stage=stage, ddp=self.ddp if stage == 2 else None, **kwargs)]
@@ -338,10 +369,30 @@ class DataParallel(Local):
     def step(self, step, lr, loader, accum, prof=None, rec=None):
         return super().step(step, lr, loader, accum, prof, rec, ddp=self.ddp)
 
+    def num_parameters(self):
+        return self.fsdp.num_parameters() if self.fsdp else super().num_parameters()
+
+    def numel(self, name, t):
+        whole = self.fsdp.numel(name) if self.fsdp else None
+        return t.numel() if whole is None else whole
+
+    def whole_model(self):
+        return self.fsdp.gathered() if self.fsdp else contextlib.nullcontext()
+
+    def save(self, ckpt_dir, step, loader, args):
+        with self.whole_model():
+            return super().save(ckpt_dir, step, loader, args)
+
+    def load(self, tensors, meta, loader, **kw):
+        with self.whole_model():
+            return super().load(tensors, meta, loader, **kw)
+
     def resume_from(self, candidates, ckpt_dir, loader, **kw):
-        """Rank 0 chooses the checkpoint (falling back past damaged ones); the others load the same file."""
-        return _resume_led_by_rank0(self, loader, kw, lambda: super(DataParallel, self).resume_from(
-            candidates, ckpt_dir, loader, **kw))  # fmt: skip
+        """Rank 0 chooses the checkpoint (falling back past damaged ones); the others load the same file. Under
+        ZeRO-3 every rank holds the whole model meanwhile (gathered before rank 0 reads: gathering is collective)."""
+        with self.whole_model():
+            return _resume_led_by_rank0(self, loader, kw, lambda: super(DataParallel, self).resume_from(
+                candidates, ckpt_dir, loader, **kw))  # fmt: skip
 
     def stop_requested(self, stop):
         """Whether any rank got a signal (the ranks must agree on the step they stop at, or those going on would

@@ -360,11 +360,11 @@ class Trainer:
         except (ValueError, FileNotFoundError) as e:  # a pretrained folder or config the models refuse
             raise UsageError(" ".join(str(e).split())) from None
         model = st.full if isinstance(st, strategy.ModelParallel) else st.model
-        self.family, self.n_params = spec.family.name, model.num_parameters()
+        self.family, self.n_params = spec.family.name, st.num_parameters()
         self.model_config = models_registry.config_dict(model)
         self._check_data_fits(spec, vocab_from)
         self.loader, self.val_loader = st.split_loaders(self.loader, self.val_loader)
-        if cfg.activation_recompute:
+        if cfg.activation_recompute and cfg.zero_stage != 3:  # ZeRO-3 recomputes every block already
             if not spec.family.can_recompute(st.model.config):
                 raise UsageError(
                     "--activation_recompute is not implemented for mixture-of-experts models (the router's balancing "
@@ -463,12 +463,13 @@ class Trainer:
         parallel_model = isinstance(st, strategy.ModelParallel)
         model = st.full if parallel_model else st.model
         state = model.state_dict()
-        total = sum(t.numel() * (4 if t.dtype == "bfloat16" else t.itemsize) for t in state.values())
+        total = sum(st.numel(k, t) * (4 if t.dtype == "bfloat16" else t.itemsize) for k, t in state.items())
         n = len(state)
         if cfg.save_optimizer_state and cfg.optimizer in ("adam", "adamw"):
-            trainable = list(model.parameters()) if parallel_model else st.params[0]
-            total += sum(2 * p.numel() * (8 if p.dtype == "float64" else 4) for p in trainable)
-            n += 2 * len(trainable)
+            trainable = {id(p) for p in (model.parameters() if parallel_model else st.params[0])}
+            named = [(k, p) for k, p in model.named_parameters() if id(p) in trainable]
+            total += sum(2 * st.numel(k, p) * (8 if p.dtype == "float64" else 4) for k, p in named)
+            n += 2 * len(named)
         return total + (64 << 10) + 512 * n
 
     def _check_room(self):
@@ -589,12 +590,17 @@ class Trainer:
 
     def _finish(self):
         cfg = self.cfg
-        if cfg.lora_save_path and self.strategy.lead:
-            try:
-                lora.save_adapters(self.strategy.model, cfg.lora_save_path)
-            except OSError as e:  # checked at start, but the disk or its permissions may change during the run
-                raise TrainError(f"--lora_save_path={cfg.lora_save_path}: the adapters were not saved: {e}") from None
-            print(f"saved the LoRA adapters to {cfg.lora_save_path}")
+        if cfg.lora_save_path:
+            with self.strategy.whole_model():  # every process enters: under ZeRO-3 the adapters are gathered
+                if self.strategy.lead:
+                    try:
+                        lora.save_adapters(self.strategy.model, cfg.lora_save_path)
+                    except OSError as e:  # checked at start, but the disk or its permissions may change meanwhile
+                        raise TrainError(
+                            f"--lora_save_path={cfg.lora_save_path}: the adapters were not saved: {e}"
+                        ) from None
+            if self.strategy.lead:
+                print(f"saved the LoRA adapters to {cfg.lora_save_path}")
         if self.recorder is not None and self.prec_cfg["baseline"]:
             result = precision.first_divergence(self.prec_cfg["baseline"], self.recorder.path)
             print(precision.format_divergence(result, "baseline", "this run"))
@@ -1034,6 +1040,8 @@ def parallel_layout(cfg, mp):
         raise UsageError(f"{e} (--tensor_parallel={tp}, --pipeline_parallel={pp}, {mp.world} processes)") from None
     for bad, why in (
         (cfg.zero_stage == 2, "--zero_stage=2 shards gradients inside DDP; with tensor/pipeline parallelism use "
+                              "--zero_stage=1"),
+        (cfg.zero_stage == 3, "--zero_stage=3 shards whole models; with tensor/pipeline parallelism use "
                               "--zero_stage=1"),
         (cfg.lora_rank or cfg.lora_load_path, "LoRA is not implemented with tensor/pipeline parallelism"),
         (cfg.precision_check, "--precision_check records one whole model; not with tensor/pipeline parallelism"),

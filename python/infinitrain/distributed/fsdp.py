@@ -1,0 +1,236 @@
+"""ZeRO-3: parameters, gradients and optimizer state sharded across a process group (PyTorch's
+FullyShardedDataParallel, in ZeRO's whole-tensor form).
+
+    fsdp = FullyShardedDataParallel(model, blocks=list(model.h))   # every rank: the same model, then sharded
+    opt = ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, stage=3, fsdp=fsdp, lr=1e-3)
+    loss = fsdp(x, y)[1]; loss.backward(); opt.step()               # as with DDP
+
+Each parameter is owned by one rank (zero.py's partition: whole tensors, the largest first, to the least loaded
+rank); the others hold an empty tensor in its place. A block's parameters are gathered (each owner broadcasts
+its own, flattened) just before the block runs and freed right after. The block's forward keeps no graph: in
+backward its parameters are gathered again, its forward recomputed and differentiated (activation recompute, so
+a gathered block lives only while it runs), and its gradients reduced (averaged) to their owners, which add them
+to what they hold; the others drop theirs. The rest of the model (embeddings, final norm, head: the root) is
+gathered for the whole forward and backward and reduced at the end of backward. A parameter no rank's backward
+reached keeps no gradient. The owner steps its parameters (ZeroRedundancyOptimizer stage 3), nothing is broadcast
+after the step. gathered() materialises every parameter on every rank (checkpoints: save and load).
+
+Memory per rank: 1/N of the parameters, gradients and optimizer state, plus the root, one block gathered, and
+the activations at block boundaries.
+"""
+
+import contextlib
+
+from infinitrain import autograd, functional, nn
+from infinitrain.distributed.collectives import broadcast, reduce
+from infinitrain.distributed.group import NON_GROUP_MEMBER, default_group
+from infinitrain.distributed.zero import partition
+from infinitrain.nn import recompute
+from infinitrain.tensor import empty, tensor, zeros
+
+
+class _Unit:
+    """Parameters gathered and freed together: a block's, or the root's."""
+
+    def __init__(self, name, params):
+        self.name, self.params = name, params
+        self.gathered = False
+        self.stash = {}  # id(param) -> the owner's gradient from earlier micro-batches, during a recompute
+
+
+class FullyShardedDataParallel(nn.Module):
+    def __init__(self, module, blocks, process_group=None):
+        super().__init__()
+        group = process_group if process_group is not None else default_group()
+        if group is NON_GROUP_MEMBER:
+            raise ValueError("FullyShardedDataParallel: this rank is not in the process group")
+        named = list(module.named_parameters())
+        if not named:
+            raise ValueError("FullyShardedDataParallel: the module has no parameters")
+        devices = sorted({p.device for _, p in named})
+        if len(devices) != 1:
+            raise ValueError(f"FullyShardedDataParallel: one device per rank, the parameters are on {devices}")
+        blocks = list(blocks)
+        if not blocks:
+            raise ValueError("FullyShardedDataParallel: give the blocks to shard by (e.g. list(model.h))")
+        self.module = module
+        self.process_group, self.device = group, devices[0]
+        self.params = [p for _, p in named]
+        self.names = {id(p): n for n, p in named}
+        self.shapes = {id(p): tuple(p.shape) for p in self.params}
+        self._shape_by_name = {n: tuple(p.shape) for n, p in named}
+        owner = partition(self.params, group.size)
+        self.owner = {id(p): o for p, o in zip(self.params, owner, strict=True)}
+        in_block = set()
+        self.units = []
+        for i, b in enumerate(blocks):
+            params = [p for p in b.parameters() if id(p) not in in_block]
+            in_block.update(id(p) for p in params)
+            self.units.append(_Unit(f"block {i}", params))
+        self.root = _Unit("root", [p for p in self.params if id(p) not in in_block])
+        for b, unit in zip(blocks, self.units, strict=True):
+            self._wrap_block(b, unit)
+        for p in self.root.params:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._on_root_grad)
+        self._pass = None
+        self._wrap_root()
+        with autograd.no_grad():  # every rank starts from rank 0's parameters, as under DDP
+            for p in self.params:
+                broadcast(p, group.ranks[0], group)
+        for unit in [*self.units, self.root]:
+            unit.gathered = True  # every rank built the whole model: drop what others own
+            self._free(unit)
+
+    # ---- what callers see ----
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def owns(self, p):
+        return self.owner[id(p)] == self.process_group.rank
+
+    def num_parameters(self):
+        """The whole model's count (its modules report only what this rank holds)."""
+        return sum(_numel(self.shapes[id(p)]) for p in self.params)
+
+    def numel(self, name):
+        """The whole size of the parameter `name` (a state_dict key of the module), or None for a buffer."""
+        shape = self._shape_by_name.get(name)
+        return None if shape is None else _numel(shape)
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """Every parameter whole on every rank inside (every rank must enter): to save, load or sample. What a
+        rank owns keeps any change made inside; the rest is freed on exit."""
+        units = [u for u in [*self.units, self.root] if not u.gathered]
+        for u in units:
+            self._gather(u)
+        try:
+            yield
+        finally:
+            for u in units:
+                self._free(u)
+
+    # ---- gather and free ----
+
+    def _by_owner(self, params):
+        """(owner, dtype, params) groups in an order every rank shares."""
+        out = []
+        for r in range(self.process_group.size):
+            mine = [p for p in params if self.owner[id(p)] == r]
+            for dtype in sorted({p.dtype for p in mine}):
+                out.append((r, dtype, [p for p in mine if p.dtype == dtype]))
+        return out
+
+    @autograd.no_grad()
+    def _gather(self, unit):
+        if unit.gathered:
+            return
+        g = self.process_group
+        for r, dtype, params in self._by_owner(unit.params):
+            if r == g.rank:
+                flat = functional.cat([p.detach().reshape(-1) for p in params])
+            else:
+                flat = empty((sum(_numel(self.shapes[id(p)]) for p in params),), dtype=dtype, device=self.device)
+            broadcast(flat, g.ranks[r], g)
+            if r != g.rank:
+                sizes = [_numel(self.shapes[id(p)]) for p in params]
+                for p, part in zip(params, functional.split(flat, sizes), strict=True):
+                    p._t = part.reshape(self.shapes[id(p)])._t
+        unit.gathered = True
+
+    def _free(self, unit):
+        if not unit.gathered:
+            return
+        for p in unit.params:
+            if not self.owns(p):
+                p._t = empty((0,), dtype=p.dtype, device=self.device)._t
+        unit.gathered = False
+
+    # ---- gradients ----
+
+    @autograd.no_grad()
+    def _reduce_grads(self, unit):
+        """Averages this micro-batch's gradients of the unit's parameters into their owners' (added to the stash
+        of earlier micro-batches); a parameter no rank reached keeps what it had (None at first)."""
+        g = self.process_group
+        trainable = [p for p in unit.params if p.requires_grad]
+        for r, dtype, params in self._by_owner(trainable):
+            pieces = [p.grad.reshape(-1) if p.grad is not None else zeros((_numel(self.shapes[id(p)]),), dtype=dtype,
+                      device=self.device) for p in params]  # fmt: skip
+            reached = [1.0 if p.grad is not None else 0.0 for p in params]
+            flat = functional.cat([*pieces, tensor(reached, dtype=dtype, device=self.device)])
+            reduce(flat, g.ranks[r], "avg", g)
+            for p in params:
+                p.grad = None
+            if r != g.rank:
+                continue
+            sizes = [_numel(self.shapes[id(p)]) for p in params]
+            parts = functional.split(flat, [*sizes, len(params)])
+            any_reached = parts[-1].numpy() > 0
+            for p, part, hit in zip(params, parts[:-1], any_reached, strict=True):
+                before = unit.stash.pop(id(p), None)
+                if not hit:
+                    p.grad = before
+                    continue
+                part = part.reshape(self.shapes[id(p)])
+                p.grad = part if before is None else before + part
+        unit.stash.clear()
+
+    def _stash(self, unit):
+        """Sets aside the owners' gradients of earlier micro-batches, so the recompute's backward leaves this
+        micro-batch's alone in .grad."""
+        for p in unit.params:
+            if p.grad is not None:
+                unit.stash[id(p)] = p.grad
+                p.grad = None
+
+    def _on_root_grad(self, p):
+        current = autograd.current_backward()
+        if self._pass is not current:
+            self._pass = current
+            autograd.queue_callback(self._finish_backward)
+
+    def _finish_backward(self):
+        self._pass = None
+        self._reduce_grads(self.root)
+        self._free(self.root)
+
+    # ---- the forwards ----
+
+    def _wrap_root(self):
+        forward = self.module.forward
+
+        def gathered_forward(*args, **kwargs):
+            self._gather(self.root)
+            if autograd.is_grad_enabled():
+                self._stash(self.root)
+            return forward(*args, **kwargs)
+
+        object.__setattr__(self.module, "forward", gathered_forward)
+
+    def _wrap_block(self, block, unit):
+        forward = block.forward
+
+        def gather(backward):
+            self._gather(unit)
+            if backward:
+                self._stash(unit)
+
+        def release(backward):
+            if backward:
+                self._reduce_grads(unit)
+            self._free(unit)
+
+        def sharded_forward(*args):
+            return recompute.checkpoint(forward, *args, gather=gather, release=release)
+
+        object.__setattr__(block, "forward", sharded_forward)
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -1,0 +1,184 @@
+"""ZeRO-3 (FullyShardedDataParallel with ZeroRedundancyOptimizer stage 3) under the launcher: 2 and 3 processes
+train tiny GPT-2 and LLaMA 3 as one process does on the global batch (fp32 losses within 1e-5, with gradient
+accumulation and clipping), each rank holding about 1/N of the parameters; a consolidated checkpoint resumes on
+another number of ranks and on one plain process; the train CLI's --zero_stage=3 equals one process. On the cpu
+suite over Gloo, on a provider's suite on its device."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from harness import DEVICE, rng, run_train, step_lines
+from infinitrain.data import write_tokens
+
+TYPE = DEVICE.split(":")[0]
+
+WORKER = """
+import json, os
+import numpy as np
+import infinitrain as it
+import infinitrain.distributed as dist
+from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
+
+KIND, MODEL, MODE = os.environ["TEST_DEVICE"], os.environ["TEST_MODEL"], os.environ["TEST_MODE"]
+STEPS, B, T, ACCUM = 8, 6, 16, 2
+dist.init_process_group()
+RANK, WORLD = dist.get_rank(), dist.get_world_size()
+DEV = "cpu" if KIND == "cpu" else f"{KIND}:{int(os.environ['LOCAL_RANK']) % it.runtime.device_count(KIND)}"
+
+it.manual_seed(int(os.environ["TEST_SEED"]) + RANK)  # different on every rank: the wrapper takes rank 0's
+if MODEL == "gpt2":
+    model = GPT2(GPT2Config(block_size=T, vocab_size=61, padded_vocab_size=64, n_layer=3, n_head=2, n_embd=32), DEV)
+    blocks = list(model.h)
+else:
+    model = LLaMA3(LLaMA3Config(T, 61, 3, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16), DEV)
+    blocks = list(model.h)
+total = sum(p.numel() for p in model.parameters())
+HYPER = {"lr": 3e-3, "eps": 1e-6, "weight_decay": 0.1}
+if MODE == "zero3":
+    net = dist.FullyShardedDataParallel(model, blocks)
+    opt = dist.ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, stage=3, fsdp=net, **HYPER)
+    held = sum(p.numel() for p in model.parameters())
+    largest = max(net.shapes[id(p)][0] * int(np.prod(net.shapes[id(p)][1:])) for p in net.params)
+    assert net.num_parameters() == total and held <= total / WORLD + largest, (held, total, largest)
+else:
+    net = model
+    opt = it.optim.AdamW(model.parameters(), **HYPER)
+gen = np.random.default_rng(int(os.environ["TEST_DATA_SEED"]))
+corpus = np.tile(gen.integers(0, 61, 23), 100)
+FIRST, SAVE_AT = 0, int(os.environ.get("TEST_SAVE_AT", "0"))
+gathered = net.gathered if MODE == "zero3" else __import__("contextlib").nullcontext
+if os.environ.get("TEST_LOAD"):  # a consolidated checkpoint of another world size
+    saved = np.load(os.environ["TEST_LOAD"])
+    FIRST = int(saved["step"])
+    with gathered():
+        for n, p in model.named_parameters():
+            p.copy_(it.from_numpy(saved["param." + n], device=DEV))
+    tensors = {k[4:]: it.from_numpy(saved[k], device=DEV) for k in saved.files if k.startswith("opt.")}
+    opt.load_state_dict({"tensors": tensors, "step": FIRST, "lr": HYPER["lr"]})
+losses = []
+for step in range(STEPS):
+    starts = gen.integers(0, corpus.size - T - 1, (ACCUM, B))
+    if step < FIRST:
+        continue
+    if SAVE_AT and step == SAVE_AT:
+        if MODE == "zero3":
+            opt.consolidate_state_dict(to=0)
+        with gathered():
+            if RANK == 0:
+                state = opt.state_dict()
+                arrays = {"param." + n: p.numpy() for n, p in model.named_parameters()}
+                arrays.update({"opt." + k: t.numpy() for k, t in state["tensors"].items()})
+                np.savez(os.environ["TEST_OUT"] + ".npz", step=SAVE_AT, **arrays)
+        break
+    tokens = corpus[starts[..., None] + np.arange(T + 1)]
+    rows = slice(RANK * B // WORLD, (RANK + 1) * B // WORLD)
+    opt.zero_grad()
+    loss_sum = 0.0
+    for k in range(ACCUM):
+        x = it.from_numpy(tokens[k, rows, :-1], device=DEV)
+        y = it.from_numpy(tokens[k, rows, 1:], device=DEV)
+        _, loss = net(x, y)
+        (loss * (1.0 / ACCUM)).backward()
+        loss_sum += loss.item() / ACCUM
+    if MODE == "zero3":
+        opt.clip_grad_norm_(1.0)
+    else:
+        it.optim.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    t = it.from_numpy(np.array([loss_sum]), device=DEV)
+    dist.all_reduce(t, "avg")
+    losses.append(float(t.numpy()[0]))
+if RANK == 0:
+    with open(os.environ["TEST_OUT"], "w") as f:
+        json.dump({"losses": losses}, f)
+print(f"rank {RANK} ok", flush=True)
+"""
+
+
+def run(tmp_path, n, model, name, mode="zero3", **env):
+    script = tmp_path / "zero3_worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    out = tmp_path / f"{name}.json"
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TEST_DEVICE=TYPE)
+    full.update(TEST_MODEL=model, TEST_MODE=mode, TEST_OUT=str(out), **{k: str(v) for k, v in env.items()})
+    cmd = [sys.executable, "-m", "infinitrain.run", f"--nproc_per_node={n}", "--master_port=0", str(script)]
+    p = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(out) as f:
+        return json.load(f)
+
+
+def seeds():
+    g = np.random.default_rng()
+    return {"TEST_SEED": int(g.integers(1 << 20)), "TEST_DATA_SEED": int(g.integers(1 << 20))}
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_zero3_equals_one_process_on_the_global_batch(tmp_path, model, n):
+    s = seeds()
+    one = run(tmp_path, 1, model, "one", mode="plain", **s)
+    sharded = run(tmp_path, n, model, "sharded", **s)
+    np.testing.assert_allclose(sharded["losses"], one["losses"], rtol=0, atol=1e-5, err_msg=str(s))
+
+
+def test_zero3_checkpoint_resumes_on_other_world_sizes(tmp_path):
+    s = seeds()
+    whole = run(tmp_path, 2, "gpt2", "whole", **s)
+    run(tmp_path, 2, "gpt2", "saved", TEST_SAVE_AT=4, **s)
+    ckpt = tmp_path / "saved.json.npz"
+    three = run(tmp_path, 3, "gpt2", "three", TEST_LOAD=ckpt, **s)
+    plain = run(tmp_path, 1, "gpt2", "plain", mode="plain", TEST_LOAD=ckpt, **s)
+    for resumed in (three, plain):
+        np.testing.assert_allclose(resumed["losses"], whole["losses"][4:], rtol=0, atol=1e-5, err_msg=str(s))
+
+
+TINY = ["--model=gpt2", "--n_layer=2", "--n_embd=32", "--n_head=2", "--vocab_size=64", "--sequence_length=16"]
+TINY += ["--sample_every=0", "--val_every=0", "--total_batch_size=128", "--num_iteration=4", "--device=cpu"]
+
+
+def test_train_cli_zero_stage_3_equals_one_process(tmp_path):
+    corpus = tmp_path / "train.bin"
+    write_tokens(corpus, np.tile(rng().integers(0, 60, size=29), 60), kind="gpt2")
+    base = [f"--input_bin={corpus}", *TINY]
+    one = step_lines(run_train(*base, "--batch_size=4", device="cpu").stdout)
+    three = run_train(*base, "--batch_size=2", "--zero_stage=3", f"--save={tmp_path / 'ck'}", nproc=2, device="cpu")
+    assert "ZeRO-3" in three.stdout, three.stdout
+    sharded = step_lines(three.stdout)
+    assert sorted(one) == sorted(sharded) == [1, 2, 3, 4]
+    for s in one:
+        assert abs(float(one[s][0]) - float(sharded[s][0])) <= 1e-5, (s, one, sharded)
+    # Its checkpoint is a plain one (consolidated on rank 0): extended from it, every rank resharding it, the run
+    # goes on as under DDP from the same file.
+    more = ["--batch_size=2", f"--load={tmp_path / 'ck'}", "--num_iteration=6"]
+    resumed = run_train(*base, *more, "--zero_stage=3", nproc=2, device="cpu")
+    assert "resumed from" in resumed.stdout and sorted(step_lines(resumed.stdout)) == [5, 6], resumed.stdout
+    ddp = step_lines(run_train(*base, *more, nproc=2, device="cpu").stdout)
+    for s in (5, 6):
+        assert abs(float(ddp[s][0]) - float(step_lines(resumed.stdout)[s][0])) <= 1e-5, (s, ddp, resumed.stdout)
+
+
+def test_train_cli_zero_stage_3_with_lora_autocast_and_evaluation(tmp_path):
+    """LoRA adapters (the frozen base weights sharded too), bf16 autocast and evaluation on every rank: the curve
+    and the validation loss as under DDP within bf16's tolerance; the adapters saved gathered."""
+    corpus = tmp_path / "train.bin"
+    write_tokens(corpus, np.tile(rng().integers(0, 60, size=29), 60), kind="gpt2")
+    base = [f"--input_bin={corpus}", f"--input_val_bin={corpus}", *TINY, "--batch_size=2", "--lora_rank=2"]
+    base = [f for f in base if not f.startswith("--val_every")] + ["--val_every=2", "--val_batches=2"]
+    base += ["--dtype=bfloat16", "--lora_target_modules=c_attn,c_fc"]
+    ddp = run_train(*base, nproc=2, device="cpu").stdout
+    out = run_train(*base, "--zero_stage=3", f"--lora_save_path={tmp_path / 'ad'}", nproc=2, device="cpu").stdout
+    a, b = step_lines(ddp), step_lines(out)
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for s in a:
+        assert abs(float(a[s][0]) - float(b[s][0])) <= 1e-2, (s, a, b)
+    val = [[float(v) for v in re.findall(r"val loss ([0-9.]+)", o)] for o in (ddp, out)]
+    assert len(val[0]) == len(val[1]) == 2 and np.allclose(val[0], val[1], atol=1e-2), val
+    assert sorted(os.listdir(tmp_path / "ad")) == ["adapter_config.json", "adapter_model.safetensors"]
