@@ -12,6 +12,7 @@ Prints one JSON line: tokens/s, ms/step, peak memory.
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -146,14 +147,22 @@ def main():
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--ddp", action="store_true", help="under torchrun: DistributedDataParallel over the processes")
     a = p.parse_args()
     torch.manual_seed(0)
-    dev = "cuda"
+    dev, world = "cuda", 1
+    if a.ddp:  # under torchrun: one GPU a process, gradients averaged by DDP; tokens/s counts every rank's
+        torch.distributed.init_process_group("nccl")
+        world = torch.distributed.get_world_size()
+        dev = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(dev)
     family, shape = SHAPES[a.model]
     model = family(T=a.seq, naive=a.mode == "naive", **shape).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    step_fn = torch.compile(model) if a.mode == "compile" else model
+    net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev]) if a.ddp else model
+    step_fn = torch.compile(net) if a.mode == "compile" else net
     vocab = 50257 if family is GPT2 else shape.get("vocab", 32000)
+    torch.manual_seed(int(os.environ.get("RANK", "0")))  # each rank its own rows
     data = torch.randint(0, vocab, (a.batch, a.seq + 1), device=dev)
     x, y = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
@@ -178,24 +187,24 @@ def main():
         times.append(time.perf_counter() - t0)
     med = sorted(times)[len(times) // 2]
     n_params = sum(p.numel() for p in model.parameters())
-    print(
-        json.dumps(
-            {
-                "framework": "pytorch",
-                "mode": a.mode,
-                "model": a.model,
-                "batch": a.batch,
-                "seq": a.seq,
-                "params_M": round(n_params / 1e6, 2),
-                "ms_per_step": round(med * 1000, 2),
-                "tokens_per_s": round(a.batch * a.seq / med),
-                "peak_GB": round(torch.cuda.max_memory_allocated() / 1e9, 2),
-                "loss": round(loss.item(), 4),
-                "torch": torch.__version__,
-            }
-        ),
-        flush=True,
-    )
+    result = {
+        "framework": "pytorch",
+        "mode": a.mode,
+        "model": a.model,
+        "batch": a.batch,
+        "seq": a.seq,
+        "params_M": round(n_params / 1e6, 2),
+        "ms_per_step": round(med * 1000, 2),
+        "tokens_per_s": round(world * a.batch * a.seq / med),
+        "world": world,
+        "peak_GB": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+        "loss": round(loss.item(), 4),
+        "torch": torch.__version__,
+    }
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(result), flush=True)
+    if a.ddp:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
