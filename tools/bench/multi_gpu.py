@@ -3,8 +3,8 @@ in bf16 on one GPU and on N under every data and model-parallel scheme with the 
 with its experts split, and PyTorch DDP (tools/bench/torch_models.py under torchrun) as the anchor, one after
 another; writes each run's metrics and a table (loss vs the one-GPU curve, tokens/s, scaling) under --out.
 
-    source .device/env.sh && PYTHONPATH=$PWD/.device/payload/cuda/python \\
-        python3.11 tools/bench/multi_gpu.py --nproc=2 --out=$OUT/multi_gpu
+    source .device/env.sh && export LD_LIBRARY_PATH=$PWD/.device/payload/cuda/lib:$LD_LIBRARY_PATH
+    PYTHONPATH=$PWD/.device/payload/cuda/python python3.11 tools/bench/multi_gpu.py --nproc=2 --out=$OUT/mg
     python3.11 tools/bench/multi_gpu.py --device=cpu --nproc=2 --smoke --out=/tmp/mg   # the plumbing, on Gloo
 
 Loss curves are compared step by step with bf16's tolerance (1e-2; the compare tool's); tokens/s is the median
