@@ -182,3 +182,13 @@ def test_train_cli_zero_stage_3_with_lora_autocast_and_evaluation(tmp_path):
     val = [[float(v) for v in re.findall(r"val loss ([0-9.]+)", o)] for o in (ddp, out)]
     assert len(val[0]) == len(val[1]) == 2 and np.allclose(val[0], val[1], atol=1e-2), val
     assert sorted(os.listdir(tmp_path / "ad")) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_train_cli_refuses_zero_stage_3_where_it_cannot_work(tmp_path):
+    corpus = tmp_path / "train.bin"
+    write_tokens(corpus, np.tile(rng().integers(0, 60, size=29), 60), kind="gpt2")
+    flags = [f"--input_bin={corpus}", "--model=mixtral", "--vocab_size=64", "--sequence_length=16", "--batch_size=2"]
+    p = run_train(*flags, "--zero_stage=3", "--num_iteration=1", nproc=2, device="cpu", check=False)
+    assert p.returncode == 2 and "--zero_stage=3 is not implemented for mixture-of-experts models" in p.stderr, p.stderr
+    p = run_train(*TINY, f"--input_bin={corpus}", "--zero_stage=3", "--tensor_parallel=2", nproc=2, check=False)
+    assert p.returncode == 2 and "--zero_stage=3 shards whole models" in p.stderr, p.stderr

@@ -48,7 +48,7 @@ def test_python_api_trains_the_run_the_cli_trains(run_train, tokens, tmp_path):
         ({"learning_rate": float("nan")}, ["--learning_rate=nan", "finite"]),
         ({"batch_size": 0}, ["--batch_size=0", ">= 1"]),
         ({"optimizer": "lamb"}, ["--optimizer=lamb", "adamw, adam, sgd"]),
-        ({"zero_stage": 3}, ["--zero_stage=3", "<= 2"]),
+        ({"zero_stage": 4}, ["--zero_stage=4", "<= 3"]),
         ({"recompute_method": "block"}, ["--recompute_method=block", "not implemented"]),
         ({"resume": True}, ["--resume needs"]),
         ({"resume": True, "save": "d", "load": "e"}, ["--resume and --load"]),
