@@ -350,6 +350,21 @@ def test_schedules_run_and_keep_channel_order(name):
     assert [S.in_flight(S.schedule("gpipe", 4, 1, s, 8)) for s in range(4)] == [8] * 4
 
 
+def test_in_line_rendezvous_sends_deadlock_1f1b_which_is_why_devices_send_on_their_own_streams():
+    """A device CCL's send waits for its receive (NCCL's rendezvous). Issued in line on the compute stream, 1F1B's
+    steady state has two neighbours each sending to the other before receiving: deadlock from 2 micro-batches on.
+    The engine sends on a stream per channel, so a send holds up no receive: the buffered model of `simulate`."""
+    from infinitrain.parallel import schedules as S
+
+    for pp in (2, 3, 4):
+        S.simulate_in_line("1f1b", pp, 1, 1)  # one micro-batch: forward then backward, no crossing
+        S.simulate_in_line("gpipe", pp, 1, 6)  # every forward, then every backward: no crossing either
+        for micro in (2, 5, 8):
+            with pytest.raises(RuntimeError, match="deadlock with in-line sends"):
+                S.simulate_in_line("1f1b", pp, 1, micro)
+            S.simulate("1f1b", pp, 1, micro)
+
+
 def test_a_bad_schedule_is_caught():
     """The simulator fails a schedule whose stages disagree: it can fail."""
     from infinitrain.parallel import schedules as S

@@ -11,8 +11,9 @@ Each micro-batch's loss is scaled by 1 / micro-batches, as gradient accumulation
 step equals the single-device step on the global batch.
 
 Activations and their gradients go stage to stage over the grid's channels (one two-rank group per kind and
-direction). A send returns at once (the cpu's CCL buffers it); the step ends by waiting for the receivers to
-have taken every send. `stats` after a step: the most micro-batch chunks whose activations were held at once,
+direction). A send returns at once: the cpu's CCL buffers it, and a device's goes on a stream of its own per
+channel (a device CCL's send waits there for the receive); the step ends by waiting for the receivers to have
+taken every send. `stats` after a step: the most micro-batch chunks whose activations were held at once,
 and the peak memory the step allocated above what it started with.
 """
 
@@ -49,6 +50,7 @@ class Engine:
         self.device = self.params[0][1].device
         self.dtype = self.params[0][1].dtype
         self.stats = {}
+        self._send_streams, self._in_flight = {}, []  # a device's sends: a stream per channel, and those in flight
 
     @property
     def stage(self):
@@ -68,7 +70,33 @@ class Engine:
 
     def _send(self, kind, to_stage, t):
         g, peer = self.grid.send_channel(kind, to_stage)
-        send(t if t.dtype == self.dtype else t.to(self.dtype), peer, g)
+        t = t if t.dtype == self.dtype else t.to(self.dtype)
+        if self.device.startswith("cpu"):
+            send(t, peer, g)  # Gloo buffers it: it returns at once
+            return
+        # A device CCL's send waits on its stream for the peer's receive (NCCL's rendezvous). On the compute stream
+        # it would hold up this stage's next receive, and two stages sending to each other would wait forever
+        # (1F1B's steady state does that). On a stream of its own per channel it waits alone, as a buffered send:
+        # the schedules are checked deadlock-free under that model (schedules.simulate).
+        stream = self._send_streams.get((kind, to_stage))
+        if stream is None:
+            stream = self._send_streams[(kind, to_stage)] = runtime.Stream(self.device)
+        ready = runtime.Event(self.device)
+        ready.record()
+        stream.wait_event(ready)
+        with runtime.stream(stream):
+            send(t, peer, g)
+            done = runtime.Event(self.device)
+            done.record()
+        self._in_flight = [(x, e) for x, e in self._in_flight if not e.query()]  # sent: their memory may go
+        self._in_flight.append((t, done))
+
+    def _drain_sends(self):
+        """The compute stream waits for every send of the step (their tensors are freed after)."""
+        current = runtime.current_stream(self.device)
+        for _, done in self._in_flight:
+            current.wait_event(done)
+        self._in_flight = []
 
     def forward_backward(self, micro_batches, forward_only=False):
         """Runs the schedule; returns the mean loss over the micro-batches (on every rank of the pipeline: the
@@ -123,6 +151,7 @@ class Engine:
                     del inp, out
         if pp > 1:
             flush_sends()
+            self._drain_sends()
         self.stats = {
             "in_flight": peak_live,
             "peak_bytes": runtime.max_memory_allocated(self.device) - base,

@@ -108,3 +108,41 @@ def simulate(name, pp, vpp, micro):
     if len(done_b) != V * micro or any(queues.values()):
         raise RuntimeError(f"{name}: not every backward ran, or messages were left over")
     return rounds
+
+
+
+def exchanges(name, pp, vpp, stage, micro):
+    """The point-to-point messages of `stage` in program order: (op, kind, peer stage, virtual stage of the
+    message, micro-batch), op "send" or "recv"."""
+    V = pp * vpp
+    out = []
+    for op, c, m in schedule(name, pp, vpp, stage, micro):
+        v = c * pp + stage
+        if op == "F":
+            out += [("recv", "act", (v - 1) % pp, v - 1, m)] if v > 0 else []
+            out += [("send", "act", (v + 1) % pp, v, m)] if v < V - 1 else []
+        else:
+            out += [("recv", "grad", (v + 1) % pp, v + 1, m)] if v < V - 1 else []
+            out += [("send", "grad", (v - 1) % pp, v, m)] if v > 0 else []
+    return out
+
+
+def simulate_in_line(name, pp, vpp, micro):
+    """Runs every stage's messages as if each send waited for its receive in the stage's own order (a device
+    CCL's send on the compute stream): raises RuntimeError on the deadlock that 1F1B then meets, which is why the
+    engine sends on streams of their own; `simulate` checks the schedules with sends that do not hold the stage."""
+    progs = [exchanges(name, pp, vpp, s, micro) for s in range(pp)]
+    pos = [0] * pp
+    while any(pos[s] < len(progs[s]) for s in range(pp)):
+        moved = False
+        for s in range(pp):
+            if pos[s] >= len(progs[s]) or progs[s][pos[s]][0] != "send":
+                continue
+            _, kind, peer, v, m = progs[s][pos[s]]
+            if pos[peer] < len(progs[peer]) and progs[peer][pos[peer]] == ("recv", kind, s, v, m):
+                pos[s] += 1
+                pos[peer] += 1
+                moved = True
+        if not moved:
+            heads = {s: progs[s][pos[s]] for s in range(pp) if pos[s] < len(progs[s])}
+            raise RuntimeError(f"{name} pp={pp} vpp={vpp} micro={micro}: deadlock with in-line sends at {heads}")
