@@ -141,7 +141,7 @@ def _warn_if_loopback(name):
         addr = socket.gethostbyname(name)
     except OSError:
         return  # the store reports it
-    if name != "localhost" and ipaddress.ip_address(addr).is_loopback:
+    if name >= "localhost" and ipaddress.ip_address(addr).is_loopback:
         sys.stderr.write(
             f"infinitrain.run: warning: --master_addr={name} is {addr} here, a loopback address other nodes cannot "
             "reach; give node 0's own address, or --store_bind_addr=0.0.0.0 to listen on every interface\n"
@@ -232,9 +232,10 @@ def main(argv=None):
                 sys.stderr.write(f"infinitrain.run: cannot reach or serve the store at {a.master_addr}:{port}: {e}\n")
                 return 1
             port = store.port  # the one chosen, for --master_port=0; later rounds take it again
+            if received:  # a signal came while the round was being set up: start no workers
+                del store
+                return 128 + int(received[0])
             workers[:] = _start(a, world, token, port, restart)
-            for sig in received[-1:]:  # a signal that came while the round was being set up
-                forward(sig, None)
             code = _watch(a, workers, store, received)
             del store  # its server stops: the port is free for the next round
             if code == 0 or received or code == USAGE_EXIT or restart == a.max_restarts:

@@ -31,6 +31,7 @@ def slurm_env(g, nodes, per_node, node, local, job):
         "SLURM_STEP_NUM_NODES": str(nodes),
         "SLURM_STEP_NODELIST": f"gpu[{first:0{width}d}-{first + nodes - 1:0{width}d}]",
         "SLURM_JOB_ID": str(job),
+        "SLURM_STEP_ID": "0",
     }, f"gpu{first:0{width}d}"
 
 
@@ -52,12 +53,24 @@ def test_slurm_variables_on_random_layouts():
     assert cluster.apply(env).local_world_size == 3 and env["RANK"] == "9" and env["WORLD_SIZE"] == "11"
     # One node: the store stays on loopback; what the user set wins.
     env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NNODES": "1", "MASTER_PORT": "1234"}
+    env["SLURM_STEP_ID"] = "3"
     cluster.apply(env)
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["LOCAL_WORLD_SIZE"]) == ("127.0.0.1", "1234", "2")
     # infinitrain.run's (or torchrun's) variables come first.
-    env = {"RANK": "0", "WORLD_SIZE": "1", "SLURM_PROCID": "5", "SLURM_NTASKS": "8"}
+    env = {"RANK": "0", "WORLD_SIZE": "1", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0"}
     assert cluster.apply(env) is None and env["RANK"] == "0"
     assert cluster.apply({}) is None
+    # A batch script's own process (no job step) is no rank: plain python there trains alone.
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "5"}
+    assert cluster.apply(env) is None and "RANK" not in env
+    # mpirun inside a Slurm allocation: its processes inherit the allocation's Slurm variables; Open MPI's decide.
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0", "OMPI_COMM_WORLD_RANK": "3"}
+    env.update(OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="3", OMPI_COMM_WORLD_LOCAL_SIZE="4")
+    assert cluster.apply(env).source == "open-mpi" and (env["RANK"], env["WORLD_SIZE"]) == ("3", "4")
+    # srun's step task count wins over the allocation's.
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "1"}
+    env["SLURM_NNODES"] = "1"
+    assert cluster.apply(env).world_size == 2
 
 
 def test_host_lists_and_task_counts():
@@ -93,14 +106,20 @@ def test_open_mpi_variables():
     assert env["MASTER_ADDR"] == "10.1.2.3" and env["LOCAL_WORLD_SIZE"] == "4"
 
 
+STEP = {"SLURM_STEP_ID": "0"}
+
+
 @pytest.mark.parametrize(
     "env,message",
     [
-        ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, "SLURM_PROCID='x': expected an integer >= 0"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0"}, "SLURM_NTASKS='0': expected an integer >= 1"),
-        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "SLURM_NNODES": "1"}, "rank 2 of 2"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "2"}, "no node list"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}, "name 2"),
+        ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2", **STEP}, "SLURM_PROCID='x': expected an integer >= 0"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0", **STEP}, "SLURM_NTASKS='0': expected an integer >= 1"),
+        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "SLURM_NNODES": "1", **STEP}, "rank 2 of 2"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "2", **STEP}, "no node list"),
+        (
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NODEID": "2", "SLURM_TASKS_PER_NODE": "2(x2)", **STEP},
+            "name 2",
+        ),
         ({"OMPI_COMM_WORLD_RANK": "-1", "OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_RANK='-1'"),
     ],
 )
@@ -161,7 +180,8 @@ def test_srun_and_mpirun_start_the_train_cli_as_infinitrain_run_does(corpus):
     port, job = free_slurm_port()
     slurm = spawn(2, flags, lambda r: {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
                                        "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "2", "SLURM_NNODES": "1",
-                                       "SLURM_JOB_NODELIST": "node01", "SLURM_JOB_ID": str(job)})  # fmt: skip
+                                       "SLURM_JOB_NODELIST": "node01", "SLURM_JOB_ID": str(job),
+                                       "SLURM_STEP_ID": "0"})  # fmt: skip
     assert step_lines(slurm[0][0]) == expected and "2 processes" in slurm[0][0], slurm[0][0][-2000:]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from harness import DEVICE, rng, run_train, step_lines
+from infinitrain import backends
 from infinitrain.data import write_tokens
 
 TYPE = DEVICE.split(":")[0]
@@ -39,17 +40,22 @@ if MODEL == "gpt2":
 else:
     model = LLaMA3(LLaMA3Config(T, 61, 3, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16), DEV)
     blocks = list(model.h)
+trainable = list(model.parameters())
+if os.environ.get("TEST_LORA"):  # adapters on the blocks: the root (embeddings, head) frozen
+    from infinitrain.models import lora
+    lora.apply_lora(model, "c_attn", rank=2)
+    trainable = lora.trainable_parameters(model)
 total = sum(p.numel() for p in model.parameters())
 HYPER = {"lr": 3e-3, "eps": 1e-6, "weight_decay": 0.1}
 if MODE == "zero3":
     net = dist.FullyShardedDataParallel(model, blocks)
-    opt = dist.ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, stage=3, fsdp=net, **HYPER)
+    opt = dist.ZeroRedundancyOptimizer(trainable, it.optim.AdamW, stage=3, fsdp=net, **HYPER)
     held = sum(p.numel() for p in model.parameters())
     largest = max(net.shapes[id(p)][0] * int(np.prod(net.shapes[id(p)][1:])) for p in net.params)
     assert net.num_parameters() == total and held <= total / WORLD + largest, (held, total, largest)
 else:
     net = model
-    opt = it.optim.AdamW(model.parameters(), **HYPER)
+    opt = it.optim.AdamW(trainable, **HYPER)
 gen = np.random.default_rng(int(os.environ["TEST_DATA_SEED"]))
 corpus = np.tile(gen.integers(0, 61, 23), 100)
 FIRST, SAVE_AT = 0, int(os.environ.get("TEST_SAVE_AT", "0"))
@@ -89,8 +95,10 @@ for step in range(STEPS):
         loss_sum += loss.item() / ACCUM
     if MODE == "zero3":
         opt.clip_grad_norm_(1.0)
+        # Between steps a rank holds only what it owns: the blocks and the root were freed after backward.
+        assert all(p.numel() == 0 for p in net.params if not net.owns(p)), "a gathered parameter was kept"
     else:
-        it.optim.clip_grad_norm_(model.parameters(), 1.0)
+        it.optim.clip_grad_norm_(trainable, 1.0)
     opt.step()
     t = it.from_numpy(np.array([loss_sum]), device=DEV)
     dist.all_reduce(t, "avg")
@@ -120,12 +128,12 @@ def seeds():
     return {"TEST_SEED": int(g.integers(1 << 20)), "TEST_DATA_SEED": int(g.integers(1 << 20))}
 
 
-@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+@pytest.mark.parametrize("model,lora", [("gpt2", ""), ("llama3", ""), ("gpt2", "1")])
 @pytest.mark.parametrize("n", [2, 3])
-def test_zero3_equals_one_process_on_the_global_batch(tmp_path, model, n):
+def test_zero3_equals_one_process_on_the_global_batch(tmp_path, model, lora, n):
     s = seeds()
-    one = run(tmp_path, 1, model, "one", mode="plain", **s)
-    sharded = run(tmp_path, n, model, "sharded", **s)
+    one = run(tmp_path, 1, model, "one", mode="plain", TEST_LORA=lora, **s)
+    sharded = run(tmp_path, n, model, "sharded", TEST_LORA=lora, **s)
     np.testing.assert_allclose(sharded["losses"], one["losses"], rtol=0, atol=1e-5, err_msg=str(s))
 
 
@@ -192,3 +200,73 @@ def test_train_cli_refuses_zero_stage_3_where_it_cannot_work(tmp_path):
     assert p.returncode == 2 and "--zero_stage=3 is not implemented for mixture-of-experts models" in p.stderr, p.stderr
     p = run_train(*TINY, f"--input_bin={corpus}", "--zero_stage=3", "--tensor_parallel=2", nproc=2, check=False)
     assert p.returncode == 2 and "--zero_stage=3 shards whole models" in p.stderr, p.stderr
+
+
+SIM_WORKER = """
+import json, os
+import numpy as np
+import infinitrain as it
+import infinitrain.distributed as dist
+from infinitrain import backends
+from infinitrain.models import GPT2, GPT2Config
+
+backends.register("sim")
+dist.init_process_group()
+RANK, WORLD = dist.get_rank(), dist.get_world_size()
+DEV = f"sim:{RANK}"
+it.manual_seed(7)
+model = GPT2(GPT2Config(block_size=16, vocab_size=500, padded_vocab_size=512, n_layer=8, n_head=8, n_embd=512), "cpu")
+gen = np.random.default_rng(3)
+losses = []
+try:
+    if WORLD > 1:
+        net = dist.FullyShardedDataParallel(model, list(model.h), device=DEV)
+        opt = dist.ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, stage=3, fsdp=net, lr=1e-3)
+    else:
+        model.to(DEV)  # the whole model on one device: its memory cannot hold it with AdamW's moments
+        net, opt = model, it.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(3):
+        tokens = gen.integers(0, 500, (4, 17))
+        rows = slice(RANK * 4 // WORLD, (RANK + 1) * 4 // WORLD)
+        x, y = (it.from_numpy(a, device=DEV) for a in (tokens[rows, :-1], tokens[rows, 1:]))
+        _, loss = net(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        t = it.from_numpy(np.array([loss.item()]), device=DEV)
+        dist.all_reduce(t, "avg")
+        losses.append(float(t.numpy()[0]))
+except MemoryError as e:
+    losses = f"out of memory: {e}"
+if RANK == 0:
+    with open(os.environ["TEST_OUT"], "w") as f:
+        json.dump({"losses": losses, "peak": it.runtime.max_memory_allocated(DEV)}, f)
+"""
+
+
+@pytest.mark.skipif(
+    TYPE != "cpu" or "sim" not in backends.available(), reason="needs the sim provider beside the cpu (memory limit)"
+)
+def test_a_model_too_large_for_one_device_trains_sharded_across_four():
+    """GPT-2 of 25.5M parameters: 408 MB with its gradient and AdamW's moments, on sim devices of 192 MiB each: one
+    device runs out of memory; four under ZeRO-3 (built on the host, a shard moved to each) train it, each at about
+    140 MB at most."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        script = os.path.join(d, "w.py")
+        with open(script, "w") as f:
+            f.write(SIM_WORKER)
+        results = {}
+        for n in (1, 4):
+            out = os.path.join(d, f"{n}.json")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TEST_OUT=out)
+            env.update(INFINITRAIN_SIM_MEMORY="192M", INFINITRAIN_SIM_DEVICES="4")
+            cmd = [sys.executable, "-m", "infinitrain.run", f"--nproc_per_node={n}", "--master_port=0", script]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            assert p.returncode == 0, p.stdout + p.stderr
+            with open(out) as f:
+                results[n] = json.load(f)
+    assert isinstance(results[1]["losses"], str) and "out of memory" in results[1]["losses"], results[1]
+    assert len(results[4]["losses"]) == 3 and all(np.isfinite(results[4]["losses"])), results[4]
+    assert results[4]["peak"] <= 192 << 20, results[4]

@@ -5,12 +5,14 @@
     mpirun -np 8 -x MASTER_ADDR=node01 -x INFINITRAIN_STORE_TOKEN python -m infinitrain.train ...
 
 apply() fills RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the first source
-present: infinitrain.run's (or torchrun's) variables, then Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
-tasks per node and the node list), then Open MPI's (OMPI_COMM_WORLD_*). Variables already set are kept, so a
-user can override any of them. MASTER_ADDR: Slurm's first node (loopback when the step has one node), Open MPI's
-must be given across nodes (loopback on one). MASTER_PORT, when not given: Slurm's 20000 + job id mod 10000 (jobs
-sharing a node get different ports), otherwise 29500. Rank 0 serves the rendezvous store; across nodes every
-process needs the same INFINITRAIN_STORE_TOKEN (export it before srun or pass it with mpirun -x).
+present: infinitrain.run's (or torchrun's) variables, then Open MPI's (OMPI_COMM_WORLD_*, set per process by
+mpirun, also inside a Slurm allocation), then Slurm's inside an srun job step (SLURM_STEP_ID set; SLURM_PROCID,
+SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID, the tasks per node and the node list). Variables already
+set are kept, so a user can override any of them. MASTER_ADDR: Slurm's first node (loopback when the step has
+one node), Open MPI's must be given across nodes (loopback on one). MASTER_PORT, when not given: Slurm's 20000 +
+job id mod 10000 (jobs sharing a node get different ports), otherwise 29500. Rank 0 serves the rendezvous store;
+across nodes every process needs the same INFINITRAIN_STORE_TOKEN (export it before srun or pass it with
+mpirun -x).
 """
 
 import os
@@ -68,7 +70,8 @@ def tasks_per_node(spec):
 
 
 def _slurm(env):
-    rank, world = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS", 1)
+    rank = _int(env, "SLURM_PROCID")
+    world = _int(env, "SLURM_STEP_NUM_TASKS", 1) if "SLURM_STEP_NUM_TASKS" in env else _int(env, "SLURM_NTASKS", 1)
     local = _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0
     node = _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
     spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
@@ -106,10 +109,12 @@ def detect(env=None):
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
         return None  # infinitrain.run's or torchrun's: used as they are
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        place = _slurm(env)
-    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
-        place = _open_mpi(env)
+    if "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+        place = _open_mpi(
+            env
+        )  # set per process by mpirun, also inside a Slurm allocation (whose variables it inherits)
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SLURM_STEP_ID", "").isdigit():
+        place = _slurm(env)  # an srun job step; a batch script's own process is not a rank of anything
     else:
         return None
     if not 0 <= place.rank < place.world_size or not 0 <= place.local_rank < place.local_world_size:

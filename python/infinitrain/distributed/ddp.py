@@ -197,6 +197,9 @@ class DistributedDataParallel(nn.Module):
         used = tensor(flags, dtype="float32", device=self.device)
         if self._stream is None:
             return used, all_reduce(used, "max", self.process_group, async_op=True)
+        written = runtime.Event(self.device)  # the upload runs on the current stream: the reduce waits for it
+        written.record()
+        self._stream.wait_event(written)
         with runtime.stream(self._stream):
             all_reduce(used, "max", self.process_group)
             done = runtime.Event(self.device)

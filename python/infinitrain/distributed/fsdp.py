@@ -2,6 +2,7 @@
 FullyShardedDataParallel, in ZeRO's whole-tensor form).
 
     fsdp = FullyShardedDataParallel(model, blocks=list(model.h))   # every rank: the same model, then sharded
+    FullyShardedDataParallel(GPT2(cfg, "cpu"), blocks, device="cuda:0")  # built on the host, sharded onto the GPU
     opt = ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, stage=3, fsdp=fsdp, lr=1e-3)
     loss = fsdp(x, y)[1]; loss.backward(); opt.step()               # as with DDP
 
@@ -39,7 +40,7 @@ class _Unit:
 
 
 class FullyShardedDataParallel(nn.Module):
-    def __init__(self, module, blocks, process_group=None):
+    def __init__(self, module, blocks, process_group=None, device=None):
         super().__init__()
         group = process_group if process_group is not None else default_group()
         if group is NON_GROUP_MEMBER:
@@ -47,14 +48,14 @@ class FullyShardedDataParallel(nn.Module):
         named = list(module.named_parameters())
         if not named:
             raise ValueError("FullyShardedDataParallel: the module has no parameters")
-        devices = sorted({p.device for _, p in named})
+        devices = sorted({str(p.device) for _, p in named})
         if len(devices) != 1:
             raise ValueError(f"FullyShardedDataParallel: one device per rank, the parameters are on {devices}")
         blocks = list(blocks)
         if not blocks:
             raise ValueError("FullyShardedDataParallel: give the blocks to shard by (e.g. list(model.h))")
         self.module = module
-        self.process_group, self.device = group, devices[0]
+        self.process_group, self.device = group, str(device or devices[0])
         self.params = [p for _, p in named]
         self.names = {id(p): n for n, p in named}
         self.shapes = {id(p): tuple(p.shape) for p in self.params}
@@ -64,7 +65,12 @@ class FullyShardedDataParallel(nn.Module):
         in_block = set()
         self.units = []
         for i, b in enumerate(blocks):
-            params = [p for p in b.parameters() if id(p) not in in_block]
+            params = list(b.parameters())
+            shared = [self.names[id(p)] for p in params if id(p) in in_block]
+            if shared:  # gathered with one block, it would be missing from the other
+                raise ValueError(
+                    f"FullyShardedDataParallel: block {i} shares {', '.join(shared)} with an earlier block"
+                )
             in_block.update(id(p) for p in params)
             self.units.append(_Unit(f"block {i}", params))
         self.root = _Unit("root", [p for p in self.params if id(p) not in in_block])
@@ -75,12 +81,20 @@ class FullyShardedDataParallel(nn.Module):
                 p.register_post_accumulate_grad_hook(self._on_root_grad)
         self._pass = None
         self._wrap_root()
-        with autograd.no_grad():  # every rank starts from rank 0's parameters, as under DDP
-            for p in self.params:
-                broadcast(p, group.ranks[0], group)
-        for unit in [*self.units, self.root]:
-            unit.gathered = True  # every rank built the whole model: drop what others own
-            self._free(unit)
+        self._shard(module)
+
+    @autograd.no_grad()
+    def _shard(self, module):
+        """Keeps what this rank owns, on the device, with rank 0's values (as DDP starts); a model built on
+        another device (the host) comes over one parameter at a time, so the device never holds it whole."""
+        g = self.process_group
+        for p in self.params:
+            t = p.detach() if str(p.device) == self.device else p.detach().to(self.device)
+            broadcast(t, g.ranks[0], g)
+            p._t = t._t if self.owns(p) else empty((0,), dtype=p.dtype, device=self.device)._t
+        for _, b in module.named_buffers():
+            if str(b.device) != self.device:
+                b._t = b.to(self.device)._t
 
     # ---- what callers see ----
 
@@ -187,10 +201,20 @@ class FullyShardedDataParallel(nn.Module):
                 p.grad = None
 
     def _on_root_grad(self, p):
+        self._note_backward()
+
+    def _note_backward(self):
+        """Once per backward (from the first root gradient or block recompute): the root is reduced and freed at
+        its end, also when no root parameter trains (LoRA on the blocks)."""
         current = autograd.current_backward()
-        if self._pass is not current:
+        if current is not None and self._pass is not current:
             self._pass = current
             autograd.queue_callback(self._finish_backward)
+
+    def clear_stash(self):
+        """Drops gradients set aside by a forward whose backward never ran (zero_grad calls it)."""
+        for unit in [*self.units, self.root]:
+            unit.stash.clear()
 
     def _finish_backward(self):
         self._pass = None
@@ -203,10 +227,14 @@ class FullyShardedDataParallel(nn.Module):
         forward = self.module.forward
 
         def gathered_forward(*args, **kwargs):
+            training = autograd.is_grad_enabled()
             self._gather(self.root)
-            if autograd.is_grad_enabled():
+            if training:
                 self._stash(self.root)
-            return forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
+            if not training:  # no backward will free it (evaluation, sampling)
+                self._free(self.root)
+            return out
 
         object.__setattr__(self.module, "forward", gathered_forward)
 
@@ -216,6 +244,7 @@ class FullyShardedDataParallel(nn.Module):
         def gather(backward):
             self._gather(unit)
             if backward:
+                self._note_backward()
                 self._stash(unit)
 
         def release(backward):

@@ -45,6 +45,7 @@ class ZeroRedundancyOptimizer:
         self.defaults = self._plain.defaults
         self._all = self._plain.params
         self._plain = None  # its state (the full size) is not kept
+        self._fsdp = fsdp if stage == 3 else None
         if stage == 3:  # the owner of each parameter is the one holding it
             self.owner = [fsdp.owner[id(p)] for p in self._all]
         else:
@@ -83,6 +84,8 @@ class ZeroRedundancyOptimizer:
         return self._local.step_count if self._local else self._steps
 
     def zero_grad(self, set_to_none=True):
+        if self._fsdp is not None:
+            self._fsdp.clear_stash()
         for p in self._all:
             if set_to_none or p.grad is None:
                 p.grad = None

@@ -110,7 +110,6 @@ def simulate(name, pp, vpp, micro):
     return rounds
 
 
-
 def exchanges(name, pp, vpp, stage, micro):
     """The point-to-point messages of `stage` in program order: (op, kind, peer stage, virtual stage of the
     message, micro-batch), op "send" or "recv"."""

@@ -335,16 +335,20 @@ class DataParallel(Local):
     def split_loaders(self, loader, val_loader):
         B = self.cfg.batch_size
         loader = RankRows(loader, self.mp.rank * B, B)
-        if not self.lead and not self.sharded:
+        if self.sharded and val_loader is not None:
+            val_loader = RankRows(val_loader, self.mp.rank * B, B)  # every rank its rows (a forward is collective)
+        elif not self.lead:
             val_loader = None  # rank 0 evaluates (the whole global batch)
         return _device_loader(loader, self.devices), _device_loader(val_loader, self.devices)
 
     def build(self, spec, adapt):
-        model = spec.build(self.device)
+        stage = self.cfg.zero_stage
+        # ZeRO-3 builds on the host and moves only this rank's shard to the device (one parameter at a time), so a
+        # model that does not fit one device can be built.
+        model = spec.build("cpu" if stage == 3 else self.device)
         self.params = [adapt(model)]
         self.models, self.model = [model], model
         cls, kwargs = optimizer_choice(self.cfg)
-        stage = self.cfg.zero_stage
         if stage == 3:
             if not spec.family.can_recompute(model.config):
                 raise UsageError(
@@ -352,7 +356,9 @@ class DataParallel(Local):
                     "the router's balancing loss is a side output of a block's forward)"
                 )
             self.ddp = None  # the sharded model reduces its own gradients, every micro-batch
-            self.fsdp = it.distributed.FullyShardedDataParallel(model, spec.family.block_list(model))
+            self.fsdp = it.distributed.FullyShardedDataParallel(
+                model, spec.family.block_list(model), device=self.device
+            )
             zero = it.distributed.ZeroRedundancyOptimizer
             self.optimizers = [zero(self.params[0], cls, stage=3, fsdp=self.fsdp, **kwargs)]
             self.optimizer = self.optimizers[0]
@@ -371,6 +377,15 @@ class DataParallel(Local):
 
     def num_parameters(self):
         return self.fsdp.num_parameters() if self.fsdp else super().num_parameters()
+
+    def evaluate(self, loader, batches):
+        loss = super().evaluate(loader, batches)
+        if not self.sharded:
+            return loss
+        # Each rank evaluated its rows of every batch (equal shares): the mean of the means is the global mean.
+        t = it.from_numpy(np.array([loss], dtype=np.float64))
+        it.distributed.all_reduce(t, "avg")
+        return float(t.numpy()[0])
 
     def numel(self, name, t):
         whole = self.fsdp.numel(name) if self.fsdp else None
