@@ -126,6 +126,25 @@ class FullyShardedDataParallel(nn.Module):
             for u in units:
                 self._free(u)
 
+    def full_state_dict(self, to=0):
+        """The module's state_dict as NumPy arrays on global rank `to` ({} elsewhere; every rank must call it),
+        gathered one unit at a time, so no rank ever holds more than one unit beyond its shard."""
+        me = self.process_group.ranks[self.process_group.rank] == to
+        out = {}
+        for unit in [*self.units, self.root]:
+            was = unit.gathered
+            self._gather(unit)
+            if me:
+                for k, v in self.module.state_dict().items():
+                    if k not in out and v.numel() > 0:  # others' parameters outside this unit are empty now
+                        out[k] = v.numpy().copy()
+            if not was:
+                self._free(unit)
+        if me:
+            for k, v in self.module.state_dict().items():
+                out.setdefault(k, v.numpy().copy())
+        return out
+
     # ---- gather and free ----
 
     def _by_owner(self, params):

@@ -17,10 +17,14 @@ from infinitrain.runs import TrainError, UsageError, read_checkpoint
 EXTENDABLE = ("num_iteration", "lr_decay_iters")
 
 
-def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data, extra, with_optimizer=True):
+def checkpoint_state(step, model, optimizer, loader, *, model_name, run, data, extra, with_optimizer=True,
+                     model_state=None):  # fmt: skip
     """(tensors, meta) of a checkpoint: model, optimizer, loader position, generator, run settings, data identity,
-    and `extra` (the model's config and tokenizer, so sample and export can rebuild it)."""
-    tensors = {f"model.{k}": v.numpy() for k, v in model.state_dict().items()}
+    and `extra` (the model's config and tokenizer, so sample and export can rebuild it). model_state: the model's
+    state as NumPy arrays, when the model does not hold it whole (ZeRO-3)."""
+    if model_state is None:
+        model_state = {k: v.numpy() for k, v in model.state_dict().items()}
+    tensors = {f"model.{k}": v for k, v in model_state.items()}
     opt = optimizer.state_dict()
     if with_optimizer:
         tensors.update({f"optim.{k}": v for k, v in opt["tensors"].items()})

@@ -395,8 +395,16 @@ class DataParallel(Local):
         return self.fsdp.gathered() if self.fsdp else contextlib.nullcontext()
 
     def save(self, ckpt_dir, step, loader, args):
-        with self.whole_model():
+        if self.fsdp is None:
             return super().save(ckpt_dir, step, loader, args)
+        self.optimizer.consolidate_state_dict(to=0)
+        state = self.fsdp.full_state_dict(to=0)  # one unit gathered at a time
+        if ckpt_dir is None:
+            return None
+        tensors, meta = checkpoints.checkpoint_state(
+            step, self.model, self.optimizer, loader, model_state=state, **args
+        )
+        return ckpt_dir.save(step, tensors, meta)
 
     def load(self, tensors, meta, loader, **kw):
         with self.whole_model():
