@@ -7,7 +7,7 @@
 #   python3 OUT/run_tests.py [--jobs=N] [args]  # there: every shared suite on device "cuda"
 #
 # OUT holds python/ (the package with its native modules, the provider's module
-# and the test-only providers), lib/ (Gloo's libraries), tests/, examples/, README.md, docs/ops.md,
+# and the test-only providers), lib/ (Gloo's libraries), tests/, examples/, README.md, docs/,
 # python/bin/ (train, bench, conformance) and run_tests.py (tools/device_run_tests.py).
 # The machine needs Python 3.11 with the wheels the package imports: numpy,
 # pytest, absl-py, safetensors, scipy-openblas32 (the core links its OpenBLAS),
@@ -41,7 +41,7 @@ done
 (cd tests && find . -name "*.py" -o -name pytest.ini) | while read -r f; do
     mkdir -p "$out/tests/$(dirname "$f")" && cp "tests/$f" "$out/tests/$f"
 done
-cp docs/ops.md "$out/docs/"
+cp docs/*.md "$out/docs/"  # tests compare generated reports (ops, flags, the PyTorch API) with them
 cp README.md "$out/"  # the README example's test reads it
 cp -r examples "$out/"
 cp tools/device_run_tests.py "$out/run_tests.py"
