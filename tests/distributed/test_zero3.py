@@ -200,6 +200,8 @@ def test_train_cli_refuses_zero_stage_3_where_it_cannot_work(tmp_path):
     assert p.returncode == 2 and "--zero_stage=3 is not implemented for mixture-of-experts models" in p.stderr, p.stderr
     p = run_train(*TINY, f"--input_bin={corpus}", "--zero_stage=3", "--tensor_parallel=2", nproc=2, check=False)
     assert p.returncode == 2 and "--zero_stage=3 shards whole models" in p.stderr, p.stderr
+    p = run_train(*TINY, f"--input_bin={corpus}", "--zero_stage=3", "--precision_check=steps=1", nproc=2, check=False)
+    assert p.returncode == 2 and "--precision_check with --zero_stage=3 is not implemented" in p.stderr, p.stderr
 
 
 SIM_WORKER = """

@@ -98,6 +98,8 @@ class Plan:
             )
         if cfg.zero_stage and not mp:
             raise UsageError("--zero_stage shards across processes: start the run with python -m infinitrain.run")
+        if cfg.zero_stage == 3 and cfg.precision_check:
+            raise UsageError("--precision_check with --zero_stage=3 is not implemented (a rank holds a shard only)")
         self.layout = parallel_layout(cfg, mp)
         names = cfg.devices.split(",") if cfg.devices else [cfg.device]
         if mp:
