@@ -141,7 +141,7 @@ def _warn_if_loopback(name):
         addr = socket.gethostbyname(name)
     except OSError:
         return  # the store reports it
-    if name >= "localhost" and ipaddress.ip_address(addr).is_loopback:
+    if name != "localhost" and ipaddress.ip_address(addr).is_loopback:
         sys.stderr.write(
             f"infinitrain.run: warning: --master_addr={name} is {addr} here, a loopback address other nodes cannot "
             "reach; give node 0's own address, or --store_bind_addr=0.0.0.0 to listen on every interface\n"

@@ -1,7 +1,8 @@
 """The run options' documented ranges, stated here by hand rather than read back from the flag declarations (a test
 that reads the declared bound passes whatever the bound is): a value just outside is refused when the RunConfig
-is made, naming the flag, and the bound itself is accepted. The generated-mutant sample
-(docs/mutation_python.md) found `grad_clip`'s lower bound could become -1.0 with every test passing."""
+is made, naming the flag, and the bound itself is accepted. Written for a survivor of the generated-mutant sample
+(docs/mutation_python.md: `grad_clip`'s declared lower bound -1.0), which it does not kill: a second check of the
+non-negative floats refuses the value anyway, so that mutant is equivalent; the table still pins every range."""
 
 import pytest
 
