@@ -25,6 +25,7 @@ interrupted run still leaves a report of a random part of the sample.
 import argparse
 import atexit
 import difflib
+import importlib.util
 import json
 import os
 import random
@@ -95,6 +96,7 @@ def restore_all():
         if now in (mutated, text):
             with open(path, "w") as f:
                 f.write(text)
+            _drop_bytecode(path)
         else:
             print(f"!!! {path} changed while mutated: left as it is; its original is in {path}.unmutated", flush=True)
             with open(path + ".unmutated", "w") as f:
@@ -184,7 +186,17 @@ def apply(root, m, committed):
     _restore[path] = (text, new)
     with open(path, "w") as f:
         f.write(new)
+    _drop_bytecode(path)
     return diff_of(text, new, m["path"]), None
+
+
+def _drop_bytecode(path):
+    """Removes the file's cached bytecode: a mutant of the same length written within the second of the last
+    compile would otherwise run as the cached original (CPython checks the source's size and whole-second mtime)."""
+    try:
+        os.remove(importlib.util.cache_from_source(path))
+    except (FileNotFoundError, NotImplementedError, ValueError):
+        pass
 
 
 def area_tests(path, tests_root):
@@ -212,7 +224,7 @@ def run_pytest(tests, tests_root, env, timeout, log, stop_first=True, deselect=(
     p = subprocess.Popen(
         cmd,
         cwd=tests_root,
-        env=env,
+        env=dict(env, PYTHONDONTWRITEBYTECODE="1"),  # no mutant's bytecode is left for a later run
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
