@@ -22,12 +22,14 @@ the activations at block boundaries.
 
 import contextlib
 
+import numpy as np
+
 from infinitrain import autograd, functional, nn
 from infinitrain.distributed.collectives import broadcast, reduce
 from infinitrain.distributed.group import NON_GROUP_MEMBER, default_group
 from infinitrain.distributed.zero import partition
 from infinitrain.nn import recompute
-from infinitrain.tensor import empty, tensor, zeros
+from infinitrain.tensor import Tensor, empty, from_numpy, tensor, zeros
 
 
 class _Unit:
@@ -59,7 +61,10 @@ class FullyShardedDataParallel(nn.Module):
         self.params = [p for _, p in named]
         self.names = {id(p): n for n, p in named}
         self.shapes = {id(p): tuple(p.shape) for p in self.params}
-        self._shape_by_name = {n: tuple(p.shape) for n, p in named}
+        # Every state_dict name of a parameter (a tied one has several) -> its whole shape.
+        held = {id(p) for p in self.params}
+        entries = module.state_dict(keep_vars=True).items()
+        self._shape_by_name = {k: self.shapes[id(v)] for k, v in entries if id(v) in held}
         owner = partition(self.params, group.size)
         self.owner = {id(p): o for p, o in zip(self.params, owner, strict=True)}
         in_block = set()
@@ -81,6 +86,7 @@ class FullyShardedDataParallel(nn.Module):
                 p.register_post_accumulate_grad_hook(self._on_root_grad)
         self._pass = None
         self._wrap_root()
+        object.__setattr__(module, "load_state_dict", self._load_state_dict)
         self._shard(module)
 
     @autograd.no_grad()
@@ -144,6 +150,29 @@ class FullyShardedDataParallel(nn.Module):
             for k, v in self.module.state_dict().items():
                 out.setdefault(k, v.numpy().copy())
         return out
+
+    @autograd.no_grad()
+    def _load_state_dict(self, state, strict=True, assign=False):
+        """The module's load_state_dict, sharded: names and whole shapes checked as nn.Module's are, each rank
+        copying in only what it owns (nothing is gathered)."""
+        own = self.module.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        for name, t in own.items():
+            if name not in state:
+                continue
+            v = state[name]
+            whole = self.shapes.get(id(t), tuple(t.shape))
+            if tuple(v.shape) != whole:
+                raise ValueError(f"load_state_dict: '{name}' has shape {tuple(v.shape)}, the module expects {whole}")
+            if id(t) in self.owner and not self.owns(t):
+                continue
+            if tuple(t.shape) != whole:  # an owned parameter is always whole; a buffer too
+                raise RuntimeError(f"load_state_dict: '{name}' is not whole on its owner")
+            t.copy_(v if isinstance(v, Tensor) else from_numpy(np.asarray(v), dtype=t.dtype, device=t.device))
+        return missing, unexpected
 
     # ---- gather and free ----
 

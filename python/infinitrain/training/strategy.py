@@ -406,16 +406,11 @@ class DataParallel(Local):
         )
         return ckpt_dir.save(step, tensors, meta)
 
-    def load(self, tensors, meta, loader, **kw):
-        with self.whole_model():
-            return super().load(tensors, meta, loader, **kw)
-
     def resume_from(self, candidates, ckpt_dir, loader, **kw):
-        """Rank 0 chooses the checkpoint (falling back past damaged ones); the others load the same file. Under
-        ZeRO-3 every rank holds the whole model meanwhile (gathered before rank 0 reads: gathering is collective)."""
-        with self.whole_model():
-            return _resume_led_by_rank0(self, loader, kw, lambda: super(DataParallel, self).resume_from(
-                candidates, ckpt_dir, loader, **kw))  # fmt: skip
+        """Rank 0 chooses the checkpoint (falling back past damaged ones); the others load the same file (under
+        ZeRO-3 each rank copies in only what it owns)."""
+        return _resume_led_by_rank0(self, loader, kw, lambda: super(DataParallel, self).resume_from(
+            candidates, ckpt_dir, loader, **kw))  # fmt: skip
 
     def stop_requested(self, stop):
         """Whether any rank got a signal (the ranks must agree on the step they stop at, or those going on would
