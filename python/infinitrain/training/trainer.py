@@ -843,7 +843,8 @@ def continued_after_restart(cfg):
     --resume) when there is one, else starts as the first attempt did; never --fresh again (that would set the
     first attempt's files aside)."""
     if not cfg.save:
-        print(f"warning: restart {restart_round()} without --checkpoint_dir: training starts again from step 1")
+        if os.environ.get("RANK", "0") == "0":
+            print(f"warning: restart {restart_round()} without --checkpoint_dir: training starts again from step 1")
         return cfg
     if os.path.isdir(cfg.save) and glob.glob(os.path.join(cfg.save, CKPT_PATTERN)):
         return cfg.replace(resume=True, load="", fresh=False)
