@@ -719,13 +719,23 @@ void ForeachMulKernel(KernelContext& c) {
     });
 }
 
+INFINITRAIN_SIMD_CLONES void SwigluFloat(const float* g, const float* u, float* o, int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) o[i] = g[i] * Sigmoid(g[i]) * u[i];
+}
+
 void SwigluKernel(KernelContext& c) {
     DispatchFloat(c.in[0].dtype(), "swiglu", [&](auto tag) {
         using T = decltype(tag);
         const T* pg = c.in[0].data<T>();
         const T* pu = c.in[1].data<T>();
         T* po = c.out[0].data<T>();
+        if constexpr (std::is_same_v<T, float>) {  // vectorised as silu is (a scalar loop ran 10x slower)
+            ParallelFor(c.in[0].numel(), 8, [&](int64_t b, int64_t e) { SwigluFloat(pg, pu, po, b, e); });
+            return;
+        }
         ParallelFor(c.in[0].numel(), 8, [&](int64_t b, int64_t e) {
+#pragma omp simd
             for (int64_t i = b; i < e; ++i) {
                 auto g = Load(pg + i);
                 Store(po + i, g * Sigmoid(g) * Load(pu + i));
@@ -735,6 +745,16 @@ void SwigluKernel(KernelContext& c) {
 }
 
 // out = silu(g) * u: dgate = grad * u * s (1 + g (1 - s)), dup = grad * g * s, s = sigmoid(g).
+INFINITRAIN_SIMD_CLONES void SwigluBackwardFloat(const float* g, const float* u, const float* d, float* dg, float* du,
+                                                 int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) {
+        float s = Sigmoid(g[i]);
+        dg[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] = d[i] * g[i] * s;
+    }
+}
+
 void SwigluBackwardKernel(KernelContext& c) {
     DispatchFloat(c.in[0].dtype(), "swiglu_backward", [&](auto tag) {
         using T = decltype(tag);
@@ -744,7 +764,13 @@ void SwigluBackwardKernel(KernelContext& c) {
         const T* pd = c.in[2].data<T>();
         T* dg = c.out[0].data<T>();
         T* du = c.out[1].data<T>();
+        if constexpr (std::is_same_v<T, float>) {
+            ParallelFor(c.in[0].numel(), 8,
+                        [&](int64_t b, int64_t e) { SwigluBackwardFloat(pg, pu, pd, dg, du, b, e); });
+            return;
+        }
         ParallelFor(c.in[0].numel(), 8, [&](int64_t b, int64_t e) {
+#pragma omp simd
             for (int64_t i = b; i < e; ++i) {
                 V g = Load(pg + i), u = Load(pu + i), d = Load(pd + i);
                 V s = Sigmoid(g);
