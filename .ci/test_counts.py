@@ -21,6 +21,28 @@ SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|dese
 SKIP = re.compile(r"^SKIPPED \[(\d+)\] ([^:]+):\d+: (.*)$")
 
 
+def this_run_logs(target_dir):
+    """The target's test.log files of the latest run: one, or one per shard. bazel-testlogs keeps what earlier
+    invocations left beside them (run_K_of_N/ from --runs_per_test, shard_K_of_N/ of another shard count, a
+    test.log from before the target was sharded); counting those would inflate the total."""
+    layouts = collections.defaultdict(list)  # shard count (1: not sharded) -> logs
+    for root, _, files in os.walk(target_dir):
+        if "test.log" not in files:
+            continue
+        parts = os.path.relpath(root, target_dir).split(os.sep)
+        if any(re.fullmatch(r"run_\d+_of_\d+", p) for p in parts):
+            continue
+        shard = re.fullmatch(r"shard_\d+_of_(\d+)", parts[0])
+        if parts == ["."]:
+            layouts[1].append(os.path.join(root, "test.log"))
+        elif shard and len(parts) == 1:
+            layouts[int(shard.group(1))].append(os.path.join(root, "test.log"))
+    if not layouts:
+        return []
+    newest = max(layouts.values(), key=lambda logs: max(os.path.getmtime(f) for f in logs))
+    return sorted(newest)
+
+
 def read_record():
     counts = {}
     if os.path.exists(RECORD):
@@ -49,9 +71,7 @@ def main(argv):
     missing = []
     for target in targets:
         package, name = target[2:].split(":", 1)
-        logs = []  # one per shard of a sharded target
-        for root, _, files in os.walk(os.path.join("bazel-testlogs", package, name)):
-            logs += [os.path.join(root, f) for f in files if f == "test.log"]
+        logs = this_run_logs(os.path.join("bazel-testlogs", package, name))
         if not logs:
             missing.append(name)
             continue
