@@ -5,9 +5,10 @@
 
 namespace infinitrain {
 namespace {
-constexpr const char* kNames[kNumDataTypes] = {"bool",    "uint8",    "int8",    "int32",  "int64",
-                                               "float16", "bfloat16", "float32", "float64"};
-constexpr size_t kSizes[kNumDataTypes] = {1, 1, 1, 4, 8, 2, 2, 4, 8};
+constexpr const char* kNames[kNumDataTypes] = {"bool",    "uint8",         "int8",       "int32",
+                                               "int64",   "float16",       "bfloat16",   "float32",
+                                               "float64", "float8_e4m3fn", "float8_e5m2"};
+constexpr size_t kSizes[kNumDataTypes] = {1, 1, 1, 4, 8, 2, 2, 4, 8, 1, 1};
 }  // namespace
 
 size_t DataTypeSize(DataType t) { return kSizes[static_cast<int>(t)]; }

@@ -17,15 +17,20 @@ enum class DataType : int8_t {
     kBFloat16,
     kFloat32,
     kFloat64,
+    // 8-bit floats (OCP FP8): storage for FP8 GEMM operands. Only cast, fp8_quantize and fp8_matmul take them;
+    // arithmetic ops do not (infinitrain/fp8.h has the conversions).
+    kFloat8E4M3,  // float8_e4m3fn: 4 exponent bits, 3 mantissa bits, no infinities, max 448
+    kFloat8E5M2,  // float8_e5m2: 5 exponent bits, 2 mantissa bits, IEEE-style infinities, max 57344
 };
 
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 11;
 
 size_t DataTypeSize(DataType t);
 const char* DataTypeName(DataType t);
 // Accepts "float32", "bfloat16", ... and raises std::invalid_argument listing the names otherwise.
 DataType ParseDataType(const std::string& name);
-bool IsFloating(DataType t);
+bool IsFloating(DataType t);  // the arithmetic floats: float16, bfloat16, float32, float64
+inline bool IsFloat8(DataType t) { return t == DataType::kFloat8E4M3 || t == DataType::kFloat8E5M2; }
 
 // bfloat16: the top half of a float32, rounded to nearest even.
 inline uint16_t FloatToBF16(float f) {

@@ -76,10 +76,12 @@ bool AttrMatches(AttrType t, const AttrValue& v) {
 
 std::string DtypeSetName(DtypeSet s) {
     if (s == kAllDtypes) return "all";
+    if (s == (kAllDtypes | kFloat8Dtypes)) return "all float8_e4m3fn float8_e5m2";
     // The float dtypes first, in the order the docs have always listed them.
-    static const DataType order[] = {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16,
-                                     DataType::kFloat64, DataType::kInt32,    DataType::kInt64,
-                                     DataType::kInt8,    DataType::kUInt8,    DataType::kBool};
+    static const DataType order[] = {DataType::kFloat32,    DataType::kBFloat16,  DataType::kFloat16,
+                                     DataType::kFloat64,    DataType::kInt32,     DataType::kInt64,
+                                     DataType::kInt8,       DataType::kUInt8,     DataType::kBool,
+                                     DataType::kFloat8E4M3, DataType::kFloat8E5M2};
     std::string out;
     for (DataType t : order) {
         if (s & DtypeBit(t)) out += (out.empty() ? "" : " ") + std::string(DataTypeName(t));
@@ -420,6 +422,10 @@ std::vector<TensorMeta> Op::Meta(const std::vector<Tensor>& in, const Attrs& att
     }
     const Tensor& typed = in[std::min(schema_.typed_input, n - 1)];
     if (!(DtypeBit(typed.dtype()) & schema_.dtypes)) {
+        if (IsFloat8(typed.dtype())) {
+            OpError(op, schema_.inputs[schema_.typed_input].name + " is " + DataTypeName(typed.dtype()) +
+                            ": float8 tensors hold FP8 GEMM operands; cast to a wider float first (.float())");
+        }
         std::string names = DtypeSetName(schema_.dtypes);
         size_t last = names.rfind(' ');
         if (last != std::string::npos) names.replace(last, 1, " or ");

@@ -54,7 +54,9 @@ constexpr DtypeSet DtypeBit(DataType t) { return static_cast<DtypeSet>(1u << sta
 constexpr DtypeSet kFloatDtypes = DtypeBit(DataType::kFloat32) | DtypeBit(DataType::kBFloat16) |
                                   DtypeBit(DataType::kFloat16) | DtypeBit(DataType::kFloat64);
 constexpr DtypeSet kNumericDtypes = kFloatDtypes | DtypeBit(DataType::kInt32) | DtypeBit(DataType::kInt64);
-constexpr DtypeSet kAllDtypes = (1u << kNumDataTypes) - 1;
+// Every dtype ops compute with: all but the float8 storage types, which only the fp8 ops and cast take.
+constexpr DtypeSet kAllDtypes = (1u << static_cast<int>(DataType::kFloat8E4M3)) - 1;
+constexpr DtypeSet kFloat8Dtypes = DtypeBit(DataType::kFloat8E4M3) | DtypeBit(DataType::kFloat8E5M2);
 std::string DtypeSetName(DtypeSet s);  // "float32 bfloat16 float16 float64", "all"
 
 // One line of the op table.

@@ -40,6 +40,8 @@ RULE(Scan);
 RULE(Sort);
 RULE(ForeachSumSquares);
 RULE(Matmul);
+RULE(Fp8Quantize);
+RULE(Fp8Matmul);
 RULE(Linear);
 RULE(LinearWeightGrad);
 RULE(LinearGeluTanh);
@@ -93,7 +95,7 @@ constexpr DtypeSet kAll = kAllDtypes;
 extern const OpDef kOpTable[] = {
 // schema                                                                    tier dtypes  backward              shape rule          doc
 // ---- copy, cast, fill, random ----
-{"cast(x; dtype: str) -> out",                                                  R, kAll, "cast",               Cast,               "x converted to dtype (floats round to nearest even)"},
+{"cast(x; dtype: str) -> out",                                                  R, kAll | kFloat8Dtypes, "cast", Cast,              "x converted to dtype (floats round to nearest even; to float8, a value past the largest finite one becomes NaN for float8_e4m3fn, infinity for float8_e5m2)"},
 {"copy_(dst!, src) -> ()",                                                      R, kAll, "",                   CopyInto,           "dst[...] = src, converting dtype; shapes must match"},
 {"fill_(x!; value: float) -> ()",                                               R, kAll, "",                   NoOutputs,          "x[...] = value"},
 {"normal_(x!; mean: float, std: float, seed: int, offset: int) -> ()",          R, kF,   "",                   Normal,             "x[i] = mean + std * N(0,1), counter-based on (seed, offset + i): the same on every device"},
@@ -168,6 +170,9 @@ extern const OpDef kOpTable[] = {
 {"linear_weight_grad(grad, x; bias: int) -> (dweight, dbias)",                 F, kF,   "",                   LinearWeightGrad,   "linear's parameter gradients in one op: dweight[out, in] = grad[R, out]^T @ x[R, in] over the R rows of grad [..., out] and x [..., in] (the same leading dims); dbias[out] = grad's column sums when bias = 1, else dbias is [0]"},
 {"linear_gelu_tanh(x, weight, bias?) -> (out, pre)",                           F, kF,   "linear_dgelu_tanh linear_weight_grad matmul", LinearGeluTanh, "a linear with the tanh GELU on its output: pre = x[..., in] @ weight[out, in]^T + bias[out], out = gelu_tanh(pre); pre is kept for the backward"},
 {"linear_dgelu_tanh(grad, weight, pre; bias: int) -> (dpre, dbias)",          F, kF,   "",                   LinearDgeluTanh,    "the gradient through linear(gelu_tanh(pre), weight) into pre: dpre = gelu_tanh_backward(pre, grad[..., out] @ weight[out, in]) with pre [..., in]; dbias[in] = dpre's column sums when bias = 1 (the bias gradient of the linear that made pre), else dbias is [0]"},
+// ---- FP8 (float8 operands, float32 accumulation) ----
+{"fp8_quantize(x, scale: float32; dtype: str) -> (out, amax)",                 F, kF,   "",                   Fp8Quantize,        "out = x * scale clamped to dtype's finite range (448 for float8_e4m3fn, 57344 for float8_e5m2), rounded to nearest even in dtype (NaN stays NaN); amax = max |x| as 0-d float32 (NaN if x holds one); scale 0-d, read on the device"},
+{"fp8_matmul(a, b, a_scale_inv: float32, b_scale_inv: float32, bias?; trans_a: int, trans_b: int, dtype: str) -> out", F, kFloat8Dtypes, "", Fp8Matmul, "out[M, N] = op(a) @ op(b) * a_scale_inv * b_scale_inv + bias[N], accumulated in float32 and written in dtype (float32, bfloat16 or float16); a, b 2-d float8 (not both float8_e5m2), op transposes when trans_* is 1; the scale_invs 0-d, bias in dtype"},
 // ---- indexing and shape ----
 {"embedding(weight, index: int64) -> out",                                      R, kF,   "embedding_backward", Embedding,          "weight[index]: weight [V, C], index [...] -> [..., C]"},
 {"embedding_backward(grad, index: int64; num_weights: int) -> dweight",         R, kF,   "",                   EmbeddingBackward,  "dweight[V, C] = sum of grad rows scattered to their index"},
@@ -512,6 +517,44 @@ RULE(ForeachMul) {
 RULE(Matmul) {
     CheckSameDtype(op, in[0], in[1]);
     return {{MatmulShape(op, in[0], in[1], Int(a, 0) != 0, Int(a, 1) != 0), in[0].dtype()}};
+}
+
+RULE(Fp8Quantize) {
+    if (in[1].dim() != 0) OpError(op, "scale must be 0-d, got shape " + ShapeToString(in[1].shape()));
+    DataType t = ParseDataType(std::get<std::string>(a[0]));
+    if (!IsFloat8(t)) OpError(op, std::string("dtype must be float8_e4m3fn or float8_e5m2, got ") + DataTypeName(t));
+    return {{in[0].shape(), t}, {Shape{}, DataType::kFloat32}};
+}
+
+RULE(Fp8Matmul) {
+    const Tensor &x = in[0], &y = in[1];
+    if (!IsFloat8(y.dtype())) OpError(op, std::string("b must be float8, got ") + DataTypeName(y.dtype()));
+    if (x.dtype() == DataType::kFloat8E5M2 && y.dtype() == DataType::kFloat8E5M2) {
+        OpError(op, "a and b cannot both be float8_e5m2 (FP8 tensor cores take e4m3 x e4m3 or e4m3 x e5m2)");
+    }
+    CheckRank(op, x, 2, "a");
+    CheckRank(op, y, 2, "b");
+    for (int k = 2; k < 4; ++k) {
+        if (in[k].dim() != 0) OpError(op, "the scale_invs must be 0-d, got shape " + ShapeToString(in[k].shape()));
+    }
+    bool ta = Int(a, 0) != 0, tb = Int(a, 1) != 0;
+    int64_t m = ta ? x.size(1) : x.size(0), k = ta ? x.size(0) : x.size(1);
+    int64_t kb = tb ? y.size(1) : y.size(0), n = tb ? y.size(0) : y.size(1);
+    if (k != kb) {
+        OpError(op, "inner dimensions differ: op(a) is [" + std::to_string(m) + ", " + std::to_string(k) +
+                        "], op(b) is [" + std::to_string(kb) + ", " + std::to_string(n) + "]");
+    }
+    DataType t = ParseDataType(std::get<std::string>(a[2]));
+    if (!IsFloating(t) || t == DataType::kFloat64) {
+        OpError(op, std::string("dtype must be float32, bfloat16 or float16, got ") + DataTypeName(t));
+    }
+    if (in.size() == 5) {
+        CheckDtype(op, in[4], t, "bias");
+        if (in[4].shape() != Shape{n}) {
+            OpError(op, "bias must have shape [" + std::to_string(n) + "], got " + ShapeToString(in[4].shape()));
+        }
+    }
+    return {{Shape{m, n}, t}};
 }
 
 RULE(Linear) {

@@ -35,6 +35,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "backends/cuda/lt.h"
 #include "backends/cuda/vendor_cuda.h"
 #include "backends/gpu/gemm.h"
 #include "infinitrain/provider.h"
@@ -48,20 +49,6 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 bool LtEnabled() {
     static const bool portable = EnvSwitch("INFINITRAIN_CUDA_LINEAR", "lt", "portable");
     return !portable;
-}
-
-cublasLtHandle_t LtHandle(int device) {
-    thread_local std::map<int, cublasLtHandle_t> handles;  // kept for the thread's life
-    cublasLtHandle_t& h = handles[device];
-    if (!h) CheckBlas(cublasLtCreate(&h), "cublasLtCreate");
-    return h;
-}
-
-// The largest power of two up to 256 that divides the address: cuBLASLt's kernels need aligned operands.
-uint32_t Alignment(const void* p) {
-    auto a = reinterpret_cast<uintptr_t>(p);
-    uintptr_t low = a & (~a + 1);
-    return a == 0 || low > 256 ? 256 : static_cast<uint32_t>(low);
 }
 
 // wgrad: linear_weight_grad's product (A = x, B = grad) rather than linear's (A = w, B = x).
@@ -79,18 +66,11 @@ struct Key {
 
 std::atomic<uint64_t> lt_calls[2] = {{0}, {0}};  // linear, linear_weight_grad
 
-struct DescFree {
-    void operator()(cublasLtMatmulDesc_t d) const { cublasLtMatmulDescDestroy(d); }
-};
-struct LayoutFree {
-    void operator()(cublasLtMatrixLayout_t l) const { cublasLtMatrixLayoutDestroy(l); }
-};
-struct PrefFree {
-    void operator()(cublasLtMatmulPreference_t p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-using Desc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, DescFree>;
-using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, LayoutFree>;
-using Pref = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PrefFree>;
+using lt::Alignment;
+using lt::Desc;
+using lt::Layout;
+using lt::MakeLayout;
+using lt::Pref;
 
 // One descriptor set per key. The bias pointer is set on the descriptor before each call.
 struct Plan {
@@ -100,12 +80,6 @@ struct Plan {
     cublasLtMatmulAlgo_t algo{};
     size_t workspace = 0;
 };
-
-Layout MakeLayout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld) {
-    cublasLtMatrixLayout_t l = nullptr;
-    CheckBlas(cublasLtMatrixLayoutCreate(&l, t, rows, cols, ld), "cublasLtMatrixLayoutCreate");
-    return Layout(l);
-}
 
 cudaDataType_t CudaType(DataType t) {
     return t == DataType::kBFloat16 ? CUDA_R_16BF : (t == DataType::kFloat16 ? CUDA_R_16F : CUDA_R_32F);
@@ -180,7 +154,7 @@ Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
 // Runs the product of `key` (a, b, out and bias as Build's layouts name them); false when cuBLASLt has no
 // algorithm for it, so the caller runs the portable kernel.
 bool RunLt(const KernelContext& ctx, const Key& key, const void* a, const void* b, void* out, const void* bias) {
-    cublasLtHandle_t h = LtHandle(ctx.device.index);
+    cublasLtHandle_t h = lt::Handle(ctx.device.index);
     thread_local std::map<Key, Plan> plans;
     auto it = plans.find(key);
     if (it == plans.end()) it = plans.emplace(key, Build(key, h, bias)).first;

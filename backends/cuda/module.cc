@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include "backends/cuda/cuda.h"
+#include "backends/cuda/fp8_gemm.h"
 #include "backends/cuda/linear_lt.h"
 
 PYBIND11_MODULE(infinitrain_cuda, m) {
@@ -14,4 +15,6 @@ PYBIND11_MODULE(infinitrain_cuda, m) {
           "How many linear calls ran on cuBLASLt rather than the portable kernel.");
     m.def("lt_weight_grad_calls", &infinitrain::gpu::LtWeightGradCalls,
           "How many linear_weight_grad calls ran on cuBLASLt rather than the portable kernel.");
+    m.def("lt_fp8_calls", &infinitrain::gpu::LtFp8Calls,
+          "How many fp8_matmul calls ran on cuBLASLt rather than the plain kernel.");
 }

@@ -32,6 +32,8 @@ CclDataType CclType(DataType t) {
     switch (t) {
         case DataType::kBool:
         case DataType::kUInt8:
+        case DataType::kFloat8E4M3:  // moved as bytes; never reduced (CclOp refuses)
+        case DataType::kFloat8E5M2:
             return GPU_CCL(Uint8);
         case DataType::kInt8:
             return GPU_CCL(Int8);
@@ -53,6 +55,7 @@ CclDataType CclType(DataType t) {
 
 CclRedOp CclOp(ReduceOp op, DataType t) {
     if (t == DataType::kBool) throw std::invalid_argument("CCL: cannot reduce a bool buffer");
+    if (IsFloat8(t)) throw std::invalid_argument("CCL: cannot reduce a float8 buffer (reduce in a wider float)");
     switch (op) {
         case ReduceOp::kSum:
             return GPU_CCL(Sum);

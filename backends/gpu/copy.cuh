@@ -11,6 +11,7 @@
 
 #include "backends/gpu/common.cuh"
 #include "backends/gpu/map.cuh"
+#include "infinitrain/fp8.h"
 
 namespace infinitrain::gpu {
 
@@ -52,6 +53,14 @@ template <>
 struct StorageT<DataType::kFloat64> {
     using type = double;
 };
+template <>
+struct StorageT<DataType::kFloat8E4M3> {
+    using type = uint8_t;
+};
+template <>
+struct StorageT<DataType::kFloat8E5M2> {
+    using type = uint8_t;
+};
 template <DataType D>
 using Storage = typename StorageT<D>::type;
 
@@ -59,6 +68,8 @@ template <DataType S>
 __device__ __forceinline__ double ToDouble(Storage<S> v) {
     if constexpr (S == DataType::kBool) {
         return v ? 1.0 : 0.0;
+    } else if constexpr (S == DataType::kFloat8E4M3 || S == DataType::kFloat8E5M2) {
+        return Fp8ToFloat<S == DataType::kFloat8E5M2>(v);
     } else if constexpr (S == DataType::kFloat16 || S == DataType::kBFloat16) {
         return ToFloat(v);
     } else {
@@ -74,6 +85,8 @@ __device__ __forceinline__ Storage<D> FromDouble(double v) {
         return DoubleToFP16(v);
     } else if constexpr (D == DataType::kBFloat16) {
         return FloatToBF16(static_cast<float>(v));
+    } else if constexpr (D == DataType::kFloat8E4M3 || D == DataType::kFloat8E5M2) {
+        return FloatToFp8<D == DataType::kFloat8E5M2>(static_cast<float>(v));  // float64 rounds twice
     } else {
         return static_cast<Storage<D>>(v);
     }
@@ -112,6 +125,10 @@ void DispatchAll(DataType t, F&& f) {
             return f(std::integral_constant<DataType, DataType::kFloat32>{});
         case DataType::kFloat64:
             return f(std::integral_constant<DataType, DataType::kFloat64>{});
+        case DataType::kFloat8E4M3:
+            return f(std::integral_constant<DataType, DataType::kFloat8E4M3>{});
+        case DataType::kFloat8E5M2:
+            return f(std::integral_constant<DataType, DataType::kFloat8E5M2>{});
     }
 }
 

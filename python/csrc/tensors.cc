@@ -4,13 +4,14 @@
 
 #include <cstring>
 
+#include "infinitrain/fp8.h"
 #include "infinitrain/tensor.h"
 #include "python/csrc/bindings.h"
 
 namespace infinitrain::python {
 namespace {
 
-// NumPy dtype for a DataType; bfloat16 has none, so it travels as float32.
+// NumPy dtype for a DataType; bfloat16 and the float8 types have none, so they travel as float32.
 py::dtype NumpyDtype(DataType t) {
     switch (t) {
         case DataType::kBool:
@@ -50,6 +51,11 @@ py::array ToNumpy(const Tensor& t) {
         const uint16_t* src = h.data<uint16_t>();
         float* dst = static_cast<float*>(out.mutable_data());
         for (int64_t i = 0; i < h.numel(); ++i) dst[i] = BF16ToFloat(src[i]);
+    } else if (IsFloat8(h.dtype())) {
+        const uint8_t* src = h.data<uint8_t>();
+        float* dst = static_cast<float*>(out.mutable_data());
+        bool e5m2 = h.dtype() == DataType::kFloat8E5M2;
+        for (int64_t i = 0; i < h.numel(); ++i) dst[i] = e5m2 ? Fp8ToFloat<true>(src[i]) : Fp8ToFloat<false>(src[i]);
     } else if (h.nbytes()) {
         std::memcpy(out.mutable_data(), h.data(), h.nbytes());
     }
@@ -62,6 +68,11 @@ void FillFromNumpy(const Tensor& t, const py::array& arr, DataType dt) {
         const float* src = static_cast<const float*>(arr.data());
         uint16_t* dst = t.data<uint16_t>();
         for (int64_t i = 0; i < t.numel(); ++i) dst[i] = FloatToBF16(src[i]);
+    } else if (IsFloat8(dt)) {
+        const float* src = static_cast<const float*>(arr.data());
+        uint8_t* dst = t.data<uint8_t>();
+        bool e5m2 = dt == DataType::kFloat8E5M2;
+        for (int64_t i = 0; i < t.numel(); ++i) dst[i] = e5m2 ? FloatToFp8<true>(src[i]) : FloatToFp8<false>(src[i]);
     } else if (t.nbytes()) {
         std::memcpy(t.data(), arr.data(), t.nbytes());
     }
@@ -83,10 +94,12 @@ Tensor FromNumpy(py::array arr, const std::string& dtype, const std::string& dev
     return t.To(d);
 }
 
-// A NumPy array over a cpu tensor's memory (no copy; bfloat16 shows its raw uint16 bits).
+// A NumPy array over a cpu tensor's memory (no copy; bfloat16 shows its raw uint16 bits, float8 its uint8 bits).
 py::array HostArray(const Tensor& t) {
     if (!t.device().is_cpu()) throw std::invalid_argument("host_array: " + t.ToString() + " is not on the cpu");
-    py::dtype dt = t.dtype() == DataType::kBFloat16 ? py::dtype("uint16") : NumpyDtype(t.dtype());
+    py::dtype dt = t.dtype() == DataType::kBFloat16 ? py::dtype("uint16")
+                   : IsFloat8(t.dtype())            ? py::dtype("uint8")
+                                                    : NumpyDtype(t.dtype());
     py::object owner = py::cast(t);  // keeps the storage alive while the array lives
     return py::array(dt, t.shape(), t.data(), owner);
 }

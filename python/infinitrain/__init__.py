@@ -144,6 +144,7 @@ __version__ = "0.1.0"
 # dtypes are their names (str subclasses with PyTorch's attributes); PyTorch's aliases name the same ones.
 uint8, int8, int32, int64 = (dtypes.of(n) for n in ("uint8", "int8", "int32", "int64"))
 float16, bfloat16, float32, float64 = (dtypes.of(n) for n in ("float16", "bfloat16", "float32", "float64"))
+float8_e4m3fn, float8_e5m2 = (dtypes.of(n) for n in dtypes.FLOAT8)
 bool_, long, half, double = dtypes.of("bool"), int64, float16, float64
 # `it.bool`, `it.int` and `it.float` would shadow builtins inside this file, so they are set this way.
 globals().update({"bool": dtypes.of("bool"), "int": int32, "float": float32})
@@ -267,6 +268,8 @@ __all__ = sorted(
         "float16",
         "float32",
         "float64",
+        "float8_e4m3fn",
+        "float8_e5m2",
         "floor",
         "from_numpy",
         "full",

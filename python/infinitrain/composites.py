@@ -181,6 +181,26 @@ def cross_entropy(logits, target, ignore_index):
     return loss, lse.reshape(N)
 
 
+_FLOAT8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+
+def fp8_quantize(x, scale, dtype):
+    """x * scale in float32, clamped to dtype's finite range and cast (which rounds to nearest even); max |x|."""
+    xf = F.cast(x, "float32") if x.dtype != "float32" else x
+    top = _FLOAT8_MAX[dtype]
+    out = F.cast(F.clamp(F.mul(xf, scale), -top, top), dtype)
+    return out, F.amax(F.abs(xf))
+
+
+def fp8_matmul(a, b, a_scale_inv, b_scale_inv, bias, trans_a, trans_b, dtype):
+    """The float8 operands widened to float32, multiplied, scaled by one float32 factor, bias added, rounded once."""
+    acc = F.matmul(F.cast(a, "float32"), F.cast(b, "float32"), trans_a, trans_b)
+    out = F.mul(acc, F.mul(a_scale_inv, b_scale_inv))
+    if bias is not None:
+        out = F.add(out, _up(bias))
+    return _down(out, dtype)
+
+
 def linear_weight_grad(grad, x, bias):
     """(dweight, dbias) of linear as matmul and sum over the flattened rows; dbias is [0] when bias is 0."""
     rows = math.prod(grad.shape[:-1])
@@ -367,6 +387,8 @@ _FORWARD = {
     "moe_permute": lambda ins, a: list(moe_permute(ins[0], ins[1], a[0])),
     "moe_unpermute": lambda ins, a: [moe_unpermute(ins[0], ins[1], ins[2])],
     "linear_gelu_tanh": lambda ins, a: list(linear_gelu_tanh(*ins)),
+    "fp8_quantize": lambda ins, a: list(fp8_quantize(ins[0], ins[1], a[0])),
+    "fp8_matmul": lambda ins, a: [fp8_matmul(*ins[:4], ins[4] if len(ins) == 5 else None, *a)],
 }
 
 

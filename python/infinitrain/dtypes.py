@@ -9,7 +9,7 @@ class dtype(str):  # noqa: N801 (PyTorch's name: `isinstance(x, it.dtype)`)
 
     @property
     def is_floating_point(self):
-        return self in ("float16", "bfloat16", "float32", "float64")
+        return self in ("float16", "bfloat16", "float32", "float64") or self in FLOAT8
 
     @property
     def is_complex(self):
@@ -33,10 +33,14 @@ class dtype(str):  # noqa: N801 (PyTorch's name: `isinstance(x, it.dtype)`)
         return (dtype, (str(self),))
 
 
+# The dtypes ops compute with; the float8 ones only hold FP8 GEMM operands (cast, fp8_quantize, fp8_matmul).
 NAMES = ("bool", "uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64")
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
+# NumPy has no type for these: they travel to and from NumPy as float32 values.
+FLOAT32_CARRIED = ("bfloat16",) + FLOAT8
 _ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2}
-_ITEMSIZE.update({"float32": 4, "float64": 8})
-BY_NAME = {n: dtype(n) for n in NAMES}
+_ITEMSIZE.update({"float32": 4, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1})
+BY_NAME = {n: dtype(n) for n in NAMES + FLOAT8}
 
 
 def of(name):
@@ -59,6 +63,10 @@ def set_default_dtype(d):
     _default[0] = str(d)
 
 
+# eps, max, smallest normal (as PyTorch's finfo gives them).
+_FLOAT8_LIMITS = {"float8_e4m3fn": (0.125, 448.0, 2.0**-6), "float8_e5m2": (0.25, 57344.0, 2.0**-14)}
+
+
 class finfo:  # noqa: N801
     """Machine limits of a float dtype: bits, eps, max, min, tiny (smallest normal), resolution."""
 
@@ -72,6 +80,9 @@ class finfo:  # noqa: N801
                 2.0**-126,
                 0.01,
             )
+        elif name in _FLOAT8_LIMITS:
+            self.bits, self.eps, self.max, self.tiny = (8, *_FLOAT8_LIMITS[name])
+            self.resolution = {"float8_e4m3fn": 0.1, "float8_e5m2": 1.0}[name]
         elif name in ("float16", "float32", "float64"):
             f = np.finfo(name)
             self.bits, self.eps, self.max = f.bits, float(f.eps), float(f.max)

@@ -22,6 +22,7 @@ from infinitrain.tensor import Tensor, from_numpy, host_rng, tensor, zeros
 _call = dispatch.call
 _FLOATS = frozenset(("float32", "bfloat16", "float16", "float64"))
 _HALF = frozenset(("bfloat16", "float16"))
+_FLOAT8 = frozenset(("float8_e4m3fn", "float8_e5m2"))
 
 
 # Inside a compiled forward (autograd.fusion.on), the ops below that call `_fusion_rules` may return pending tensors
@@ -49,7 +50,11 @@ def _as_tensor(x, like):
 
 def _exact(name, inputs, attrs=(), dtype=None):
     """Runs a float-only op on integer or bool tensors in float64 (exact for integers up to 2**53) and casts
-    the result to `dtype` (default: the first input's), as PyTorch keeps integer arithmetic integer."""
+    the result to `dtype` (default: the first input's), as PyTorch keeps integer arithmetic integer. float8
+    tensors are refused: they hold FP8 GEMM operands, and arithmetic on them is not defined (as in PyTorch)."""
+    for t in inputs:
+        if t.dtype in _FLOAT8:
+            raise TypeError(f"{name}: {t.dtype} tensors hold FP8 GEMM operands; cast to a wider float first (.float())")
     out = _run1(name, [cast(t, "float64") for t in inputs], attrs)
     return cast(out, dtype or inputs[0].dtype)
 

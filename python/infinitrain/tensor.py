@@ -15,14 +15,16 @@ from infinitrain import random as _random
 from infinitrain.runtime import device_object
 
 DTYPES = tuple(dtypes.BY_NAME[n] for n in dtypes.NAMES)
+# What a tensor may be cast to: DTYPES and the float8 storage dtypes.
+CAST_DTYPES = DTYPES + tuple(dtypes.BY_NAME[n] for n in dtypes.FLOAT8)
 FLOAT_DTYPES = tuple(dtypes.BY_NAME[n] for n in ("float16", "bfloat16", "float32", "float64"))
 _DTYPE = dtypes.BY_NAME
 _NUMPY_TO_DTYPE = {np.dtype(d): d for d in DTYPES if d != "bfloat16"}
 
 
 def _check_dtype(dtype):
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if dtype not in CAST_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(CAST_DTYPES)}")
     return dtype
 
 
@@ -287,7 +289,7 @@ def from_numpy(ndarray, dtype=None, device="cpu", requires_grad=False, pin_memor
     """A tensor holding a copy of `ndarray` (NumPy floats keep their width unless dtype says otherwise)."""
     arr = np.asarray(ndarray)
     dtype = _native_dtype_of(arr, dtype)
-    carrier = np.float32 if dtype == "bfloat16" else np.dtype(dtype)
+    carrier = np.float32 if dtype in dtypes.FLOAT32_CARRIED else np.dtype(dtype)
     # ascontiguousarray makes 0-d arrays 1-d; keep the shape.
     native = _C.from_numpy(np.ascontiguousarray(arr, dtype=carrier).reshape(arr.shape), dtype, device, pin_memory)
     t = Tensor(native)

@@ -8,7 +8,7 @@ no import cycle. Importing infinitrain attaches them.
 from infinitrain import _C, autograd, runtime
 from infinitrain import functional as F
 from infinitrain import tensor_ops as T
-from infinitrain.tensor import DTYPES, Tensor, empty, full, tensor, zeros
+from infinitrain.tensor import CAST_DTYPES, Tensor, empty, full, tensor, zeros
 
 
 def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
@@ -25,7 +25,8 @@ def _device_name(device):
         return runtime.parse_device(device)
     except ValueError as e:
         if isinstance(device, str) and ":" not in device:
-            raise ValueError(f"to: {device!r} is neither a dtype ({', '.join(DTYPES)}) nor a device ({e})") from None
+            names = ", ".join(CAST_DTYPES)
+            raise ValueError(f"to: {device!r} is neither a dtype ({names}) nor a device ({e})") from None
         raise
 
 
@@ -46,14 +47,14 @@ def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False, mem
             non_blocking = a
         elif isinstance(a, int):
             device = _accelerator_index(a)
-        elif a in DTYPES:
+        elif a in CAST_DTYPES:
             dtype = a
         else:
             device = a
     if isinstance(device, int) and not isinstance(device, bool):
         device = _accelerator_index(device)
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if dtype is not None and dtype not in CAST_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(CAST_DTYPES)}")
     out = self
     if device is not None and _device_name(device) != self.device:
         out = F.to_device(out, device, non_blocking)

@@ -27,6 +27,7 @@ FLAGGED = {
 }
 GELU_GEMMS = {"linear_gelu_tanh", "linear_dgelu_tanh"}
 CASES = [(n, flag) for n in FUSED for flag in ((0, 1) if n in FLAGGED else (None,))]
+FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 def test_every_fused_op_has_a_composite():
@@ -58,6 +59,18 @@ def inputs_for(name, dtype, flag=None):
         "gelu_tanh_backward": ([f(3, 17), f(3, 17)], []),
         "rmsnorm": ([f(3, 17), f(17)], [1e-5]),
         "add_layernorm": ([f(3, 17), f(3, 17), f(17), f(17)], [1e-5, ""]),
+        # x * scale beyond the format's range too (saturation); a float8 product's output in the case's dtype.
+        "fp8_quantize": ([f(3, 17), to_device(np.array(g.choice([1.0, 40.0, 700.0])), "float32")], [FP8[0]]),
+        "fp8_matmul": (
+            [
+                to_device(g.standard_normal((5, 16)) * 8, "float32"),
+                to_device(g.standard_normal((9, 16)) * 8, "float32"),
+                to_device(np.array(0.25), "float32"),
+                to_device(np.array(1 / 3), "float32"),
+                f(9),
+            ],
+            [0, 1, "float32" if dtype == "float64" else dtype],
+        ),  # fmt: skip
         "add_rmsnorm": ([f(3, 17), f(3, 17), f(17)], [1e-5, ""]),
         "swiglu": ([f(3, 17), f(3, 17)], []),
         "swiglu_backward": ([f(3, 17), f(3, 17), f(3, 17)], []),
@@ -133,6 +146,9 @@ def clone(t):
 @pytest.mark.parametrize("name, flag", CASES, ids=lambda c: str(c))
 def test_composite_matches_native(name, flag, dtype):
     ins, attrs = inputs_for(name, dtype, flag)
+    if name == "fp8_matmul":  # operands on the float8 grids (e4m3 x e5m2), the bias in the output dtype
+        ins[0], ins[1] = _C.op("cast")([ins[0]], [FP8[0]])[0], _C.op("cast")([ins[1]], [FP8[1]])[0]
+        ins[4] = _C.op("cast")([ins[4]], [attrs[2]])[0]
     written = _C.op(name).written(len(ins))
     native_in = [clone(t) for t in ins]
     native = _C.op(name)(native_in, attrs) or [native_in[i] for i in written]

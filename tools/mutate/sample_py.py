@@ -62,6 +62,7 @@ AREAS = {
         "core/test_autograd.py",
         "core/test_option_effects.py",
     ],
+    "fp8.py": ["ops/test_fp8.py", "train/test_fp8_train.py"],
     "fusion.py": ["core/test_compile.py", "core/test_nn_layers.py"],
     "ops.py": ["core", "ops/test_op_table.py"],
     "profiler.py": ["train/test_profiler.py"],

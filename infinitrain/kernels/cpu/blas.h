@@ -12,10 +12,23 @@
 #include <scipy_openblas/cblas.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
+#include "infinitrain/op.h"
+
 namespace infinitrain::cpu {
+
+// CBLAS takes int dimensions: larger ones are refused, naming the op.
+inline void CheckBlasSize(const char* op, std::initializer_list<int64_t> dims) {
+    for (int64_t d : dims) {
+        if (d > INT_MAX)
+            OpError(op, "matrix dimension " + std::to_string(d) + " exceeds the BLAS limit " + std::to_string(INT_MAX));
+    }
+}
 
 // C[M, N] = alpha * op(A) @ op(B) + beta * C on one thread, explicit leading dimensions.
 template <typename C>

@@ -1,7 +1,9 @@
 // Copy, cast and fill. Every dtype converts through double (exact for all
-// integer and float types here) except the float fast paths.
+// integer and float types here) except the float fast paths; float8 through
+// float (infinitrain/fp8.h), so float64 -> float8 rounds twice.
 #include <cstring>
 
+#include "infinitrain/fp8.h"
 #include "infinitrain/kernels/cpu/common.h"
 
 namespace infinitrain::cpu {
@@ -27,6 +29,10 @@ double LoadAny(const void* p, DataType t, int64_t i) {
             return static_cast<const float*>(p)[i];
         case DataType::kFloat64:
             return static_cast<const double*>(p)[i];
+        case DataType::kFloat8E4M3:
+            return Fp8ToFloat<false>(static_cast<const uint8_t*>(p)[i]);
+        case DataType::kFloat8E5M2:
+            return Fp8ToFloat<true>(static_cast<const uint8_t*>(p)[i]);
     }
     return 0;
 }
@@ -59,6 +65,12 @@ void StoreAny(void* p, DataType t, int64_t i, double v) {
             return;
         case DataType::kFloat64:
             static_cast<double*>(p)[i] = v;
+            return;
+        case DataType::kFloat8E4M3:
+            static_cast<uint8_t*>(p)[i] = FloatToFp8<false>(static_cast<float>(v));
+            return;
+        case DataType::kFloat8E5M2:
+            static_cast<uint8_t*>(p)[i] = FloatToFp8<true>(static_cast<float>(v));
             return;
     }
 }

@@ -21,13 +21,6 @@
 namespace infinitrain::cpu {
 namespace {
 
-void CheckBlasSize(const char* op, std::initializer_list<int64_t> dims) {
-    for (int64_t d : dims) {
-        if (d > INT_MAX)
-            OpError(op, "matrix dimension " + std::to_string(d) + " exceeds the BLAS limit " + std::to_string(INT_MAX));
-    }
-}
-
 // Widens a tensor to the compute type: the tensor's own data for float32/float64, a converted copy for bfloat16.
 template <typename T, typename C = Acc<T>>
 const C* Widen(const Tensor& t, std::vector<C>& buf) {

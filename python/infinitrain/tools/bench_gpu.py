@@ -1,6 +1,7 @@
 """GPU benchmark (not a test): GPT-2 124M or a LLaMA 3 of comparable size,
 random init and tokens, bf16 autocast, AdamW, gradient clipping, the same
-step as tools/bench/torch_models.py so the two can be compared on one card.
+step as tools/bench/torch_models.py so the two can be compared on one card;
+--fp8 runs the linear layers in FP8 (infinitrain.fp8).
 
     python3 -m infinitrain.tools.bench_gpu --device=cuda --model=gpt2 --batch=16
 
@@ -14,6 +15,7 @@ import numpy as np
 from absl import app, flags
 
 import infinitrain as it
+from infinitrain import fp8
 from infinitrain.compiler import fusing
 from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
 
@@ -32,6 +34,7 @@ flags.DEFINE_integer("warmup", 5, "Untimed steps first.")
 flags.DEFINE_float("peak_tflops", 989.0, "Dense bf16 peak of the card, for MFU.")
 flags.DEFINE_string("profile", "", "Also profile one step: print the top ops and write a Chrome trace here.")
 flags.DEFINE_integer("top", 15, "Ops in the profile table.")
+flags.DEFINE_bool("fp8", False, "The linear layers in FP8 (infinitrain.fp8.convert, delayed scaling).")
 
 
 def build(model, seq, device):
@@ -58,6 +61,8 @@ def main(argv):
     device = it.runtime.parse_device(FLAGS.device)
     it.manual_seed(0)
     model, vocab = build(FLAGS.model, FLAGS.seq, device)
+    if FLAGS.fp8:
+        fp8.convert(model)
     params = list(model.parameters())
     opt = it.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     data = np.random.default_rng(0).integers(0, vocab, size=(FLAGS.batch, FLAGS.seq + 1))
@@ -97,6 +102,7 @@ def main(argv):
             {
                 "framework": "infinitrain",
                 "model": FLAGS.model,
+                "fp8": FLAGS.fp8,
                 "batch": FLAGS.batch,
                 "seq": FLAGS.seq,
                 "params_M": round(n_params / 1e6, 2),

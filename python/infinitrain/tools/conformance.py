@@ -20,7 +20,7 @@ from absl import app, flags
 
 from infinitrain import _C, dispatch
 from infinitrain.tools import conformance_specs
-from infinitrain.tools.conformance_specs import FLOATS, round_to
+from infinitrain.tools.conformance_specs import FLOAT8, FLOATS, round_to
 
 # The tests' (rtol, atol) (tests/harness.py); dtypes missing here (bool, integers) compare exactly.
 TOL = {
@@ -30,7 +30,9 @@ TOL = {
     "float64": (1e-10, 1e-12),
 }
 HOWS = ("native", "composite", "cpu-fallback", "missing")
-_DTYPE_IDS = {d: i for i, d in enumerate(FLOATS + ("int64", "bool", "int32", "uint8", "int8", "float16"))}
+_DTYPE_IDS = {
+    d: i for i, d in enumerate(FLOATS + ("int64", "bool", "int32", "uint8", "int8", "float16") + tuple(FLOAT8))
+}
 
 
 def how_runs(name, device, prefer_composite=False):
@@ -48,14 +50,14 @@ def how_runs(name, device, prefer_composite=False):
 
 def case_dtypes(info, spec):
     """The float dtypes the table lists for the op, plus the spec's extra dtypes the op accepts."""
-    listed = info["dtypes"].split()
-    accepts = (lambda d: True) if listed == ["all"] else (lambda d: d in listed)
+    listed = info["dtypes"].split()  # "all": every dtype but float8, which the table names after it
+    accepts = lambda d: d in listed or ("all" in listed and d not in FLOAT8)  # noqa: E731
     extra = spec.extra if spec is not None else ()
     return [d for d in FLOATS + tuple(extra) if accepts(d)]
 
 
 def _upload(a, dtype, device):
-    carrier = {"bfloat16": np.float32, "bool": np.bool_}.get(dtype) or np.dtype(dtype)
+    carrier = np.float32 if dtype == "bfloat16" or dtype in FLOAT8 else np.bool_ if dtype == "bool" else np.dtype(dtype)
     return _C.from_numpy(np.array(a, dtype=carrier, order="C"), dtype, device)  # np.array keeps 0-d shapes
 
 

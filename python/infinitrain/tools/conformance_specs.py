@@ -45,9 +45,33 @@ def stat(dtype):
     return "float64" if dtype == "float64" else "float32"
 
 
+# float8 formats: (mantissa bits, exponent bias, largest finite value).
+FLOAT8 = {"float8_e4m3fn": (3, 7, 448.0), "float8_e5m2": (2, 15, 57344.0)}
+
+
+def fp8_round(a, dtype):
+    """`a` (float64) rounded to float8 `dtype` to nearest, ties to even, in float64 arithmetic: past the largest
+    finite value NaN (e4m3fn) or infinity (e5m2), as a cast does."""
+    mant, bias, top = FLOAT8[dtype]
+    a = np.asarray(a, dtype=np.float64)
+    mag = np.abs(a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
+        e = np.where(2.0**e > mag, e - 1, e)  # log2 may miss by one next to a power of two
+        e = np.where(2.0 ** (e + 1) <= mag, e + 1, e)
+        step = 2.0 ** (np.maximum(e, 1 - bias) - mant)  # subnormals share the smallest normal's step
+        r = np.round(mag / step) * step  # np.round: halves to even
+    over = np.isinf(mag) | (r > top)
+    r = np.where(over, np.inf if dtype == "float8_e5m2" else np.nan, r)
+    r = np.where(np.isnan(a), np.nan, r)
+    return np.copysign(r, a)
+
+
 def round_to(a, dtype):
     """`a` as the kernel sees it in `dtype`, held as float64 (or bool/int64)."""
     a = np.asarray(a)
+    if dtype in FLOAT8:
+        return fp8_round(a, dtype)
     if dtype == "bool":
         return a.astype(bool)
     if dtype.startswith("int") or dtype == "uint8":
@@ -648,6 +672,8 @@ CAST_TO = {
     "float64": "float32",
     "int64": "float64",
     "bool": "int64",
+    "float8_e4m3fn": "bfloat16",
+    "float8_e5m2": "float32",
 }
 _ALL = ("int64", "bool")
 
@@ -728,10 +754,45 @@ def _split_ref(xs, at, d):
     return np.split(xs[0], np.cumsum(at[1])[:-1], axis=at[0])
 
 
+def _fp8_quantize_make(gen, d):
+    """x spread over the float8 range and past it (saturation), scale a power of two or not."""
+    x = _randn(gen) * gen.choice([1.0, 100.0, 1000.0])
+    scale = float(gen.choice([1.0, 0.5, 3.7, 2.0**-4]))
+    return [(x, d), (np.array(scale), "float32")], [str(gen.choice(list(FLOAT8)))]
+
+
+def _fp8_quantize_ref(xs, at, d):
+    top = FLOAT8[at[0]][2]
+    scaled = round_to(round_to(xs[0], "float32") * xs[1], "float32")  # the product in float32
+    return [(fp8_round(np.clip(scaled, -top, top), at[0]), at[0]), (np.array(np.max(np.abs(xs[0]))), "float32")]
+
+
+def _fp8_matmul_make(gen, d):
+    """a [5, 17] (stored [17, 5] when trans_a), b [9, 17] (stored [17, 9] unless trans_b), on the float8 grid of
+    the case dtype (e4m3fn a with an e5m2 b for the e5m2 case), scale_invs, a bias, bfloat16 or float32 output.
+    Integer values, so that the float32 accumulation is exact and only the scaling and the bias round."""
+    ta, tb = int(gen.integers(2)), int(gen.integers(2))
+    a = np.round(_randn(gen, (17, 5) if ta else (5, 17)) * 8)
+    b = np.round(_randn(gen, (9, 17) if tb else (17, 9)) * 8)
+    out = str(gen.choice(["float32", "bfloat16"]))
+    scales = [(np.array(float(gen.choice([1.0, 0.25, 1 / 3]))), "float32") for _ in range(2)]
+    ins = [(a, "float8_e4m3fn" if d == "float8_e5m2" else d), (b, d), *scales, (_randn(gen, (9,)), out)]
+    return ins, [ta, tb, out]
+
+
+def _fp8_matmul_ref(xs, at, d):
+    a = xs[0].T if at[0] else xs[0]
+    b = xs[1].T if at[1] else xs[1]
+    out = (a @ b) * (xs[2] * xs[3]) + xs[4]
+    return [(out, at[2])]
+
+
 SPECS = {
     # copy, cast, fill
     "cast": Spec(
-        lambda gen, d: ([(_any(gen, d), d)], [CAST_TO[d]]), lambda xs, at, d: [_converted(xs[0], at[0])], _ALL
+        lambda gen, d: ([(_any(gen, d), d)], [CAST_TO[d]]),
+        lambda xs, at, d: [_converted(xs[0], at[0])],
+        _ALL + tuple(FLOAT8),
     ),
     "copy_": Spec(_copy_make, lambda xs, at, d: [_converted(xs[1], d)], _ALL),
     "fill_": Spec(_fill_make, _fill_ref, _ALL),
@@ -834,6 +895,9 @@ SPECS = {
         lambda gen, d: ([(_randn(gen), d), (_randn(gen, (9, 17)), d), (_randn(gen, (9,)), d)], []),
         lambda xs, at, d: [xs[0] @ xs[1].T + xs[2]],
     ),
+    "fp8_quantize": Spec(_fp8_quantize_make, _fp8_quantize_ref),
+    # float8 inputs: the case dtype is b's format; the output's dtype comes from the attributes.
+    "fp8_matmul": Spec(_fp8_matmul_make, _fp8_matmul_ref, tuple(FLOAT8)),
     "linear_weight_grad": Spec(  # grad [2, 3, 9] and x [2, 3, 17]: six rows
         lambda gen, d: ([(_randn(gen, (2, 3, 9)), d), (_randn(gen, (2, 3, 17)), d)], [1]),
         lambda xs, at, d: [xs[0].reshape(6, 9).T @ xs[1].reshape(6, 17), xs[0].reshape(6, 9).sum(0)],

@@ -216,6 +216,8 @@ torch.float32 value
 torch.float16 value
 torch.bfloat16 value
 torch.float64 value
+torch.float8_e4m3fn value
+torch.float8_e5m2 value
 torch.int64 value
 torch.int32 value
 torch.int8 value

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import infinitrain as it
-from infinitrain import parallel
+from infinitrain import fp8, parallel
 from infinitrain.compiler import fusing
 from infinitrain.data.device import DeviceLoader
 from infinitrain.runs import TrainError, UsageError
@@ -258,6 +258,10 @@ class Local(Strategy):
                 if k < accum - 1 and self.abandon_step():
                     raise StepAbandoned(step + 1, k + 1, accum)
             with mark("optimizer"), phase("optimizer"):
+                if cfg.fp8 and (n > 1 or self.processes):  # the replicas' FP8 scales agree again
+                    fp8.sync_amax(
+                        self.models, (lambda t: it.distributed.all_reduce(t, "max")) if self.processes else None
+                    )
                 if n > 1:
                     self._average_gradients()
                 if rec is not None:

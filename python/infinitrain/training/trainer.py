@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import infinitrain as it
-from infinitrain import parallel
+from infinitrain import fp8, parallel
 from infinitrain.checkpoint import path_kind
 from infinitrain.data import (
     ByteTokenizer,
@@ -357,11 +357,29 @@ class Trainer:
                 plan.layout, spec.family.tensor_parallel, config, cfg.sequence_length, plan.accum
             )
         lora_cfg = lora_settings(cfg, spec.family.name)
+        recipe = None
+        if cfg.fp8:
+            ok, why = fp8.supported(st.device)
+            if not ok:
+                raise UsageError(f"--fp8: {why}; train without --fp8 on this device")
+            recipe = fp8.Recipe(scaling=cfg.fp8_scaling, amax_history_len=cfg.fp8_amax_history)
+
+        def adapt(m):
+            if recipe is not None:
+                fp8.convert(m, recipe)
+            return apply_lora(m, spec.family.name, lora_cfg)
+
         try:
-            st.build(spec, lambda m: apply_lora(m, spec.family.name, lora_cfg))
+            st.build(spec, adapt)
         except (ValueError, FileNotFoundError) as e:  # a pretrained folder or config the models refuse
             raise UsageError(" ".join(str(e).split())) from None
         model = st.full if isinstance(st, strategy.ModelParallel) else st.model
+        if recipe is not None:
+            print(
+                f"fp8: {getattr(model, 'fp8_layers', 0)} linear layers in FP8 ({recipe.scaling} scaling"
+                + (f", amax history {recipe.amax_history_len}" if recipe.scaling == "delayed" else "")
+                + "; heads and embeddings in the compute dtype)"
+            )
         self.family, self.n_params = spec.family.name, st.num_parameters()
         self.model_config = models_registry.config_dict(model)
         self._check_data_fits(spec, vocab_from)

@@ -1,0 +1,151 @@
+// FP8, portable: fp8_quantize (x * scale saturated and rounded to float8, and max |x|), a byte transpose, and a
+// plain fp8_matmul kernel that a vendor FP8 GEMM falls back to (see fp8.h). Conversions: infinitrain/fp8.h, the
+// same integer code as the CPU's, so both round alike.
+//   fp8_quantize: a grid-stride pass; each block's max |x| (NaN wins) enters the 0-d output with an atomic max on
+//     the float's bits (non-negative floats order as their bits; a NaN's bits are above infinity's).
+//   transpose: 32 x 32 tiles through shared memory.
+//   matmul: out[i, j] = sum_k a(i, k) b(k, j) in float32, k in order, then * a_inv * b_inv + bias, rounded once.
+#include "backends/gpu/context.h"
+#include "backends/gpu/copy.cuh"
+#include "backends/gpu/fp8.h"
+#include "infinitrain/fp8.h"
+#include "infinitrain/provider.h"
+
+namespace infinitrain::gpu {
+namespace {
+
+template <DataType S>
+__device__ __forceinline__ float LoadFloat(Storage<S> v) {
+    if constexpr (S == DataType::kFloat64) {
+        return static_cast<float>(v);
+    } else {
+        return ToAcc(v);
+    }
+}
+
+template <DataType S, bool kE5M2>
+__global__ void QuantizeKernel(const Storage<S>* __restrict__ x, uint8_t* __restrict__ out, int64_t n,
+                               const float* __restrict__ scale, unsigned int* __restrict__ amax_bits) {
+    const float s = *scale;
+    float m = 0.0f;
+    GPU_KERNEL_LOOP(i, n) {
+        const float v = LoadFloat<S>(x[i]);
+        out[i] = QuantizeFp8<kE5M2>(v, s);
+        const float a = fabsf(v);
+        m = (a > m || isnan(a)) ? a : m;
+    }
+    m = BlockReduce(m, NanMaxOp{}, 0.0f);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(fabsf(m)));
+}
+
+void Fp8Quantize(KernelContext& ctx) {
+    const Tensor &x = ctx.in[0], &scale = ctx.in[1], &out = ctx.out[0], &amax = ctx.out[1];
+    const NativeStream_t s = NativeStream(ctx);
+    MemsetAsync(amax.data(), 0, sizeof(float), s);
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    const bool e5m2 = out.dtype() == DataType::kFloat8E5M2;
+    DispatchAll(x.dtype(), [&](auto sc) {
+        constexpr DataType S = decltype(sc)::value;
+        if constexpr (S == DataType::kFloat32 || S == DataType::kFloat64 || S == DataType::kBFloat16 ||
+                      S == DataType::kFloat16) {
+            auto* xp = static_cast<const Storage<S>*>(x.data());
+            auto* op = static_cast<uint8_t*>(out.data());
+            auto* sp = static_cast<const float*>(scale.data());
+            auto* ap = static_cast<unsigned int*>(amax.data());
+            if (e5m2) {
+                QuantizeKernel<S, true><<<Blocks(n), kThreads, 0, s>>>(xp, op, n, sp, ap);
+            } else {
+                QuantizeKernel<S, false><<<Blocks(n), kThreads, 0, s>>>(xp, op, n, sp, ap);
+            }
+            GPU_CHECK_LAUNCH("fp8_quantize");
+        } else {
+            OpError("fp8_quantize", std::string("no ") + DataTypeName(S) + " variant");
+        }
+    });
+}
+
+constexpr int kTile = 32;
+
+__global__ void TransposeKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows,
+                                int64_t cols) {
+    __shared__ uint8_t tile[kTile][kTile + 1];
+    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+        const int64_t r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+        const int64_t c = c0 + i, r = r0 + threadIdx.x;  // dst row c, column r
+        if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][i];
+    }
+}
+
+template <bool kAE5M2, bool kBE5M2, typename T>
+__global__ void MatmulKernel(const uint8_t* __restrict__ a, const uint8_t* __restrict__ b,
+                             const float* __restrict__ a_inv, const float* __restrict__ b_inv,
+                             const T* __restrict__ bias, T* __restrict__ out, int64_t m, int64_t n, int64_t k, bool ta,
+                             bool tb) {
+    const float scale = *a_inv * *b_inv;
+    GPU_KERNEL_LOOP(idx, m * n) {
+        const int64_t i = idx / n, j = idx % n;
+        float acc = 0.0f;
+        for (int64_t q = 0; q < k; ++q) {
+            const float av = Fp8ToFloat<kAE5M2>(a[ta ? q * m + i : i * k + q]);
+            const float bv = Fp8ToFloat<kBE5M2>(b[tb ? j * k + q : q * n + j]);
+            acc += av * bv;
+        }
+        float v = acc * scale;
+        if (bias) v += ToAcc(bias[j]);
+        out[idx] = FromAcc<T>(v);
+    }
+}
+
+}  // namespace
+
+void TransposeBytes(const KernelContext& ctx, const Tensor& src, const Tensor& dst, int64_t rows, int64_t cols) {
+    if (rows == 0 || cols == 0) return;
+    const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                    static_cast<unsigned>((rows + kTile - 1) / kTile));
+    TransposeKernel<<<grid, dim3(kTile, 8), 0, NativeStream(ctx)>>>(static_cast<const uint8_t*>(src.data()),
+                                                                    static_cast<uint8_t*>(dst.data()), rows, cols);
+    GPU_CHECK_LAUNCH("fp8_matmul (transpose)");
+}
+
+void PortableFp8Matmul(KernelContext& ctx) {
+    const Tensor &a = ctx.in[0], &b = ctx.in[1], &out = ctx.out[0];
+    const Tensor* bias = ctx.in.size() == 5 ? &ctx.in[4] : nullptr;
+    const bool ta = ctx.i(0) != 0, tb = ctx.i(1) != 0;
+    const int64_t m = out.size(0), n = out.size(1), k = ta ? a.size(0) : a.size(1);
+    if (m * n == 0) return;
+    const bool ae = a.dtype() == DataType::kFloat8E5M2, be = b.dtype() == DataType::kFloat8E5M2;
+    const auto* ap = static_cast<const uint8_t*>(a.data());
+    const auto* bp = static_cast<const uint8_t*>(b.data());
+    const auto* ai = static_cast<const float*>(ctx.in[2].data());
+    const auto* bi = static_cast<const float*>(ctx.in[3].data());
+    DispatchFloat(out.dtype(), "fp8_matmul", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_same_v<T, double>) {
+            OpError("fp8_matmul", "no float64 output");
+        } else {
+            const T* biasp = bias ? static_cast<const T*>(bias->data()) : nullptr;
+            T* op = static_cast<T*>(out.data());
+            auto launch = [&](auto kernel) {
+                kernel<<<Blocks(m * n), kThreads, 0, NativeStream(ctx)>>>(ap, bp, ai, bi, biasp, op, m, n, k, ta, tb);
+            };
+            if (ae) {
+                launch(MatmulKernel<true, false, T>);  // e5m2 x e5m2 is refused by the op's shape rule
+            } else if (be) {
+                launch(MatmulKernel<false, true, T>);
+            } else {
+                launch(MatmulKernel<false, false, T>);
+            }
+            GPU_CHECK_LAUNCH("fp8_matmul");
+        }
+    });
+}
+
+REGISTER_PROVIDER_KERNEL(kProviderName, "fp8_quantize", Fp8Quantize);
+
+}  // namespace infinitrain::gpu

@@ -1,0 +1,107 @@
+// FP8 on the CPU: fp8_quantize (saturating float -> float8 with the amax of the input) and fp8_matmul (float8
+// operands decoded to float32, one float32 GEMM, then the scales, bias and output rounding). The CPU has no FP8
+// units; these are the reference the GPU kernels are tested against, and what --fp8 runs on the cpu.
+#include "infinitrain/fp8.h"
+
+#include <cmath>
+#include <vector>
+
+#include "infinitrain/kernels/cpu/blas.h"
+#include "infinitrain/kernels/cpu/common.h"
+
+namespace infinitrain::cpu {
+namespace {
+
+// max |x| over the whole tensor, NaN if any element is NaN; chunks fixed by n alone.
+template <typename T>
+float AbsMax(const T* x, int64_t n) {
+    constexpr int64_t kChunk = 1 << 14;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<float> part(static_cast<size_t>(chunks), 0.0f);
+    ParallelFor(chunks, kChunk, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+            float m = 0.0f;
+            bool nan = false;
+            for (int64_t i = c * kChunk, end = std::min(n, i + kChunk); i < end; ++i) {
+                float v = std::fabs(static_cast<float>(Load(x + i)));
+                nan |= v != v;
+                m = v > m ? v : m;
+            }
+            part[c] = nan ? NAN : m;
+        }
+    });
+    float m = 0.0f;
+    for (float v : part) {
+        if (v != v) return v;
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+template <bool kE5M2, typename T>
+void Quantize(const T* x, uint8_t* out, int64_t n, float scale) {
+    ParallelFor(n, 4, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = QuantizeFp8<kE5M2>(static_cast<float>(Load(x + i)), scale);
+    });
+}
+
+void Fp8QuantizeKernel(KernelContext& c) {
+    const Tensor &x = c.in[0], &out = c.out[0];
+    const float scale = *c.in[1].data<float>();
+    const bool e5m2 = out.dtype() == DataType::kFloat8E5M2;
+    DispatchFloat(x.dtype(), "fp8_quantize", [&](auto tag) {
+        using T = decltype(tag);
+        const T* xp = x.data<T>();
+        uint8_t* op = out.data<uint8_t>();
+        if (e5m2) {
+            Quantize<true>(xp, op, x.numel(), scale);
+        } else {
+            Quantize<false>(xp, op, x.numel(), scale);
+        }
+        *c.out[1].data<float>() = AbsMax(xp, x.numel());
+    });
+}
+
+std::vector<float> Decode(const Tensor& t) {
+    std::vector<float> out(static_cast<size_t>(t.numel()));
+    const uint8_t* p = t.data<uint8_t>();
+    const bool e5m2 = t.dtype() == DataType::kFloat8E5M2;
+    ParallelFor(t.numel(), 1, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = e5m2 ? Fp8ToFloat<true>(p[i]) : Fp8ToFloat<false>(p[i]);
+    });
+    return out;
+}
+
+void Fp8MatmulKernel(KernelContext& c) {
+    const Tensor &a = c.in[0], &b = c.in[1], &out = c.out[0];
+    const Tensor* bias = c.in.size() == 5 ? &c.in[4] : nullptr;
+    const bool ta = c.i(0) != 0, tb = c.i(1) != 0;
+    const int64_t m = out.size(0), n = out.size(1), k = ta ? a.size(0) : a.size(1);
+    CheckBlasSize("fp8_matmul", {m, n, k});
+    if (out.numel() == 0) return;
+    // As the GPU applies them: one float32 factor on the float32 accumulator.
+    const float scale = *c.in[2].data<float>() * *c.in[3].data<float>();
+    std::vector<float> av = Decode(a), bv = Decode(b), acc(static_cast<size_t>(m * n));
+    Gemm<float>(ta, tb, m, n, k, 1.0f, av.data(), bv.data(), 0.0f, acc.data());
+    DispatchFloat(out.dtype(), "fp8_matmul", [&](auto tag) {
+        using T = decltype(tag);
+        T* op = out.data<T>();
+        const T* bp = bias ? bias->data<T>() : nullptr;
+        ParallelFor(m, n, [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) {
+                for (int64_t j = 0; j < n; ++j) {
+                    float v = acc[r * n + j] * scale;
+                    if (bp) v += static_cast<float>(Load(bp + j));
+                    Store(op + r * n + j, v);
+                }
+            }
+        });
+    });
+}
+
+}  // namespace
+
+REGISTER_KERNEL(DeviceType::kCPU, "fp8_quantize", Fp8QuantizeKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "fp8_matmul", Fp8MatmulKernel);
+
+}  // namespace infinitrain::cpu
