@@ -2,6 +2,7 @@
 // rule, doc; see op.h for the schema syntax), then the shape rules it names.
 // docs/ops.md is generated from this table (./bazelw run //python:opdoc).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -42,6 +43,7 @@ RULE(ForeachSumSquares);
 RULE(Matmul);
 RULE(Fp8Quantize);
 RULE(Fp8Matmul);
+RULE(Fp8AmaxPush);
 RULE(Linear);
 RULE(LinearWeightGrad);
 RULE(LinearGeluTanh);
@@ -88,6 +90,7 @@ constexpr OpTier R = OpTier::kRequired;
 constexpr OpTier F = OpTier::kFused;
 constexpr DtypeSet kF = kFloatDtypes;
 constexpr DtypeSet kAll = kAllDtypes;
+constexpr DtypeSet kFloat32Only = DtypeBit(DataType::kFloat32);
 
 }  // namespace
 
@@ -173,6 +176,7 @@ extern const OpDef kOpTable[] = {
 // ---- FP8 (float8 operands, float32 accumulation) ----
 {"fp8_quantize(x, scale: float32; dtype: str) -> (out, amax)",                 F, kF,   "",                   Fp8Quantize,        "out = x * scale clamped to dtype's finite range (448 for float8_e4m3fn, 57344 for float8_e5m2), rounded to nearest even in dtype (NaN stays NaN); amax = max |x| as 0-d float32 (NaN if x holds one); scale 0-d, read on the device"},
 {"fp8_matmul(a, b, a_scale_inv: float32, b_scale_inv: float32, bias?; trans_a: int, trans_b: int, dtype: str) -> out", F, kFloat8Dtypes, "", Fp8Matmul, "out[M, N] = op(a) @ op(b) * a_scale_inv * b_scale_inv + bias[N], accumulated in float32 and written in dtype (float32, bfloat16 or float16); a, b 2-d float8 (not both float8_e5m2), op transposes when trans_* is 1; the scale_invs 0-d, bias in dtype"},
+{"fp8_amax_push_(history!, scale!, amax; row: int, fmax: float, margin: int) -> ()", F, kFloat32Only, "",  Fp8AmaxPush,        "delayed scaling's update, in place: row `row` of history [R, H] moves one place right (its last entry drops out) and amax (0-d) enters at [row, 0]; m = the row's max, and scale[row] (scale [R]) = fmax / 2^margin / m where m > 0 and finite, else unchanged; all float32"},
 // ---- indexing and shape ----
 {"embedding(weight, index: int64) -> out",                                      R, kF,   "embedding_backward", Embedding,          "weight[index]: weight [V, C], index [...] -> [..., C]"},
 {"embedding_backward(grad, index: int64; num_weights: int) -> dweight",         R, kF,   "",                   EmbeddingBackward,  "dweight[V, C] = sum of grad rows scattered to their index"},
@@ -555,6 +559,25 @@ RULE(Fp8Matmul) {
         }
     }
     return {{Shape{m, n}, t}};
+}
+
+RULE(Fp8AmaxPush) {
+    const Tensor &h = in[0], &sc = in[1], &amax = in[2];
+    CheckDtype(op, sc, DataType::kFloat32, "scale");
+    CheckDtype(op, amax, DataType::kFloat32, "amax");
+    CheckRank(op, h, 2, "history");
+    if (sc.shape() != Shape{h.size(0)}) {
+        OpError(op, "scale must have shape [" + std::to_string(h.size(0)) + "], got " + ShapeToString(sc.shape()));
+    }
+    if (amax.dim() != 0) OpError(op, "amax must be 0-d, got shape " + ShapeToString(amax.shape()));
+    if (h.size(1) < 1) OpError(op, "history needs at least one column");
+    const int64_t row = Int(a, 0);
+    if (row < 0 || row >= h.size(0)) {
+        OpError(op, "row " + std::to_string(row) + " is outside the history's " + std::to_string(h.size(0)) + " rows");
+    }
+    if (!(Float(a, 1) > 0) || !std::isfinite(Float(a, 1))) OpError(op, "fmax must be finite and > 0");
+    if (Int(a, 2) < 0 || Int(a, 2) > 64) OpError(op, "margin must be in [0, 64]");
+    return {};
 }
 
 RULE(Linear) {

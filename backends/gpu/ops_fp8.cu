@@ -1,5 +1,6 @@
-// FP8, portable: fp8_quantize (x * scale saturated and rounded to float8, and max |x|), a byte transpose, and a
-// plain fp8_matmul kernel that a vendor FP8 GEMM falls back to (see fp8.h). Conversions: infinitrain/fp8.h, the
+// FP8, portable: fp8_quantize (x * scale saturated and rounded to float8, and max |x|), fp8_amax_push_ (delayed
+// scaling's history and scale update, one block), a byte transpose, and a plain fp8_matmul kernel that a vendor FP8
+// GEMM falls back to (see fp8.h). Conversions: infinitrain/fp8.h, the
 // same integer code as the CPU's, so both round alike.
 //   fp8_quantize: a grid-stride pass; each block's max |x| (NaN wins) enters the 0-d output with an atomic max on
 //     the float's bits (non-negative floats order as their bits; a NaN's bits are above infinity's).
@@ -102,6 +103,33 @@ __global__ void MatmulKernel(const uint8_t* __restrict__ a, const uint8_t* __res
     }
 }
 
+// One block: the row shifts through shared memory, then its max (NaN wins) sets the scale.
+__global__ void AmaxPushKernel(float* __restrict__ hist, float* __restrict__ scale, const float* __restrict__ amax,
+                               int64_t row, int64_t h, float top) {
+    extern __shared__ float buf[];
+    float* r = hist + row * h;
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) buf[j] = j == 0 ? *amax : r[j - 1];
+    __syncthreads();
+    float m = 0.0f;
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+        r[j] = buf[j];
+        m = (buf[j] > m || isnan(buf[j])) ? buf[j] : m;
+    }
+    m = BlockReduce(m, NanMaxOp{}, 0.0f);
+    if (threadIdx.x == 0 && m > 0.0f && isfinite(m)) scale[row] = top / m;
+}
+
+void Fp8AmaxPush(KernelContext& ctx) {
+    const Tensor &hist = ctx.in[0], &scale = ctx.in[1];
+    const int64_t h = hist.size(1);
+    const float top = static_cast<float>(ctx.f(1) / ldexp(1.0, static_cast<int>(ctx.i(2))));
+    const int threads = h >= 256 ? 256 : 32;
+    AmaxPushKernel<<<1, threads, h * sizeof(float), NativeStream(ctx)>>>(
+        static_cast<float*>(hist.data()), static_cast<float*>(scale.data()),
+        static_cast<const float*>(ctx.in[2].data()), ctx.i(0), h, top);
+    GPU_CHECK_LAUNCH("fp8_amax_push_");
+}
+
 }  // namespace
 
 void TransposeBytes(const KernelContext& ctx, const Tensor& src, const Tensor& dst, int64_t rows, int64_t cols) {
@@ -147,5 +175,6 @@ void PortableFp8Matmul(KernelContext& ctx) {
 }
 
 REGISTER_PROVIDER_KERNEL(kProviderName, "fp8_quantize", Fp8Quantize);
+REGISTER_PROVIDER_KERNEL(kProviderName, "fp8_amax_push_", Fp8AmaxPush);
 
 }  // namespace infinitrain::gpu

@@ -13,6 +13,7 @@ import numpy as np
 
 from infinitrain import amp, autograd, dispatch
 from infinitrain import functional as F
+from infinitrain import tensor_ops as T
 from infinitrain.tensor import Tensor, from_numpy, zeros
 
 
@@ -199,6 +200,28 @@ def fp8_matmul(a, b, a_scale_inv, b_scale_inv, bias, trans_a, trans_b, dtype):
     if bias is not None:
         out = F.add(out, _up(bias))
     return _down(out, dtype)
+
+
+@autograd.no_grad()
+def fp8_amax_push_(history, scale, amax, row, fmax, margin):
+    """Row `row` of history shifted right with amax in front; scale[row] from the row's max where that is > 0 and
+    finite (NaN anywhere in the row: unchanged)."""
+    h = history.shape[1]
+    rows = [history[r].reshape(1, h) for r in range(history.shape[0])]
+    rows[row] = F.cat([amax.reshape(1), history[row][: h - 1]]).reshape(1, h)
+    history.copy_(F.cat(rows))
+    m = F.amax(rows[row]).reshape(1)
+    ok = T.logical_and(F.gt(m, 0.0), T.isfinite(m))
+    top = from_numpy(np.array([fmax / 2.0**margin], dtype=np.float32), device=m.device)
+    fresh = F.where(ok, F.div(top, F.where(ok, m, 1.0)), scale[row].reshape(1))
+    parts = [fresh if r == row else scale[r].reshape(1) for r in range(scale.shape[0])]
+    scale.copy_(F.cat(parts))
+
+
+def _fp8_amax_push(ins, attrs):
+    with amp.autocast(enabled=False):
+        fp8_amax_push_(*_wrap(ins), *attrs)
+    return []
 
 
 def linear_weight_grad(grad, x, bias):
@@ -477,6 +500,7 @@ COMPOSITES.update(
         "moe_topk_backward": _explicit(moe_topk_backward),
         "moe_unpermute_backward": _derived("moe_unpermute", [1, 2, 3], 0, [0, 2]),
         "adamw_": _adamw,
+        "fp8_amax_push_": _fp8_amax_push,
         "foreach_sum_squares": _foreach_sum_squares,
         "foreach_mul_": _foreach_mul,
         "foreach_adamw_": _foreach_adamw,

@@ -158,25 +158,17 @@ class Fp8Linear(nn.Linear):
             self._write1(self.fp8_scale, row, _scale_from(m, self._fmax(row), self.recipe.margin, self.fp8_scale[row]))
 
     def observe(self, row, amax):
-        """Delayed scaling: amax enters row `row`'s history and the row's scale is recomputed from it (in
-        training mode only: evaluation does not move the scales training uses)."""
+        """Delayed scaling: amax enters row `row`'s history and the row's scale is recomputed from it, one op
+        (fp8_amax_push_); in training mode only: evaluation does not move the scales training uses."""
         if self.recipe.scaling != "delayed" or not self.training:
             return
-        hist = self.fp8_amax_history
-        row_hist = hist[row]
-        new_row = F.cat([amax.reshape(1), row_hist[:-1]]) if hist.shape[1] > 1 else amax.reshape(1)
-        self._write(hist, row, new_row)
-        new_scale = _scale_from(F.amax(new_row).reshape(1), self._fmax(row), self.recipe.margin, self.fp8_scale[row])
-        self._write1(self.fp8_scale, row, new_scale)
+        dispatch.op("fp8_amax_push_")(
+            [self.fp8_amax_history._t, self.fp8_scale._t, amax._t], [row, self._fmax(row), self.recipe.margin]
+        )
 
     @staticmethod
     def _fmax(row):
         return FMAX[E5M2 if row == GRAD else E4M3]
-
-    @staticmethod
-    def _write(buf, row, values):
-        rows = [values.reshape(1, -1) if r == row else buf[r].reshape(1, -1) for r in range(buf.shape[0])]
-        buf.copy_(F.cat(rows))
 
     @staticmethod
     def _write1(buf, row, value):

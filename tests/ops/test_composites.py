@@ -61,6 +61,14 @@ def inputs_for(name, dtype, flag=None):
         "add_layernorm": ([f(3, 17), f(3, 17), f(17), f(17)], [1e-5, ""]),
         # x * scale beyond the format's range too (saturation); a float8 product's output in the case's dtype.
         "fp8_quantize": ([f(3, 17), to_device(np.array(g.choice([1.0, 40.0, 700.0])), "float32")], [FP8[0]]),
+        "fp8_amax_push_": (
+            [
+                to_device(np.abs(g.standard_normal((3, 6))), "float32"),
+                to_device(g.uniform(1, 9, 3), "float32"),
+                to_device(np.array(abs(g.standard_normal())), "float32"),
+            ],
+            [int(g.integers(3)), 448.0, int(g.integers(0, 3))],
+        ),  # fmt: skip
         "fp8_matmul": (
             [
                 to_device(g.standard_normal((5, 16)) * 8, "float32"),

@@ -249,6 +249,32 @@ def test_delayed_scaling_history_and_scale():
     assert one.fp8_scale.cpu().numpy()[fp8.INPUT] == before[fp8.INPUT] != 1.0
 
 
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_amax_push_against_reference(dtype):
+    """fp8_amax_push_ on fresh histories: the row shifts with amax in front, the other rows stay; the scale is
+    fmax / 2^margin / max(row) in float32 where the max is > 0 and finite, else it stays (a zero amax into an
+    all-zero row, a NaN amax); a bad row or shape is refused."""
+    g = rng()
+    for amax_v, zero_row in ((abs(g.standard_normal()) * 5, False), (0.0, True), (np.nan, False)):
+        h = int(g.integers(1, 6))
+        hist = np.abs(g.standard_normal((3, h))).astype(np.float32)
+        row, margin = int(g.integers(3)), int(g.integers(0, 3))
+        if zero_row:
+            hist[row] = 0
+        scale = g.uniform(1, 50, 3).astype(np.float32)
+        ht, st = it.tensor(hist, device=DEVICE), it.tensor(scale, device=DEVICE)
+        run("fp8_amax_push_", [ht._t, st._t, it.tensor(np.float32(amax_v), device=DEVICE)._t], [row, 448.0, margin])
+        want_h = hist.copy()
+        want_h[row] = np.concatenate([[np.float32(amax_v)], hist[row][:-1]])
+        want_s = scale.copy()
+        m = want_h[row].max() if not np.isnan(want_h[row]).any() else np.nan
+        if m > 0 and np.isfinite(m):
+            want_s[row] = np.float32(448.0 / 2**margin) / np.float32(m)
+        assert same(ht.cpu().numpy(), want_h) and same(st.cpu().numpy(), want_s)
+    with pytest.raises(ValueError, match="row 3 is outside"):
+        run("fp8_amax_push_", [ht._t, st._t, it.tensor(np.float32(1), device=DEVICE)._t], [3, 448.0, 0])
+
+
 def test_convert_keeps_heads_and_odd_sizes():
     """convert replaces plain nn.Linear layers of sizes divisible by 16 (sharing their Parameters), not a head
     named lm_head, not one whose weight is tied, nor a 17-wide one."""

@@ -99,8 +99,27 @@ void Fp8MatmulKernel(KernelContext& c) {
     });
 }
 
+void Fp8AmaxPushKernel(KernelContext& c) {
+    const Tensor &hist = c.in[0], &scale = c.in[1];
+    const int64_t row = c.i(0), h = hist.size(1);
+    float* r = hist.data<float>() + row * h;
+    for (int64_t j = h - 1; j > 0; --j) r[j] = r[j - 1];
+    r[0] = *c.in[2].data<float>();
+    float m = 0.0f;
+    bool nan = false;
+    for (int64_t j = 0; j < h; ++j) {
+        nan |= r[j] != r[j];
+        m = r[j] > m ? r[j] : m;
+    }
+    if (!nan && m > 0.0f && std::isfinite(m)) {
+        const float top = static_cast<float>(c.f(1) / std::ldexp(1.0, static_cast<int>(c.i(2))));
+        scale.data<float>()[row] = top / m;
+    }
+}
+
 }  // namespace
 
+REGISTER_KERNEL(DeviceType::kCPU, "fp8_amax_push_", Fp8AmaxPushKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "fp8_quantize", Fp8QuantizeKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "fp8_matmul", Fp8MatmulKernel);
 

@@ -780,6 +780,26 @@ def _fp8_matmul_make(gen, d):
     return ins, [ta, tb, out]
 
 
+def _fp8_amax_push_make(gen, d):
+    """A [3, 5] history (some rows all zero: their scale must stay), scales, a fresh amax, a row, fmax, margin."""
+    hist = np.abs(_randn(gen, (3, 5), 4.0)) * (gen.random((3, 1)) < 0.7)
+    row = int(gen.integers(3))
+    amax = np.array(0.0 if gen.random() < 0.2 else abs(float(gen.standard_normal())) * 3)
+    ins = [(hist, d), (gen.uniform(1, 100, 3), d), (amax, d)]
+    return ins, [row, float(gen.choice([448.0, 57344.0])), int(gen.integers(0, 3))]
+
+
+def _fp8_amax_push_ref(xs, at, d):
+    hist, scale, amax = xs[0].copy(), xs[1].copy(), xs[2]
+    row, fmax, margin = at
+    hist[row] = np.concatenate([[amax], hist[row][:-1]])
+    m = hist[row].max()
+    if m > 0 and np.isfinite(m):
+        top = np.float32(fmax / 2.0**margin)
+        scale[row] = np.float64(np.float32(top / np.float32(m)))
+    return [hist, scale]
+
+
 def _fp8_matmul_ref(xs, at, d):
     a = xs[0].T if at[0] else xs[0]
     b = xs[1].T if at[1] else xs[1]
@@ -896,6 +916,7 @@ SPECS = {
         lambda xs, at, d: [xs[0] @ xs[1].T + xs[2]],
     ),
     "fp8_quantize": Spec(_fp8_quantize_make, _fp8_quantize_ref),
+    "fp8_amax_push_": Spec(_fp8_amax_push_make, _fp8_amax_push_ref),
     # float8 inputs: the case dtype is b's format; the output's dtype comes from the attributes.
     "fp8_matmul": Spec(_fp8_matmul_make, _fp8_matmul_ref, tuple(FLOAT8)),
     "linear_weight_grad": Spec(  # grad [2, 3, 9] and x [2, 3, 17]: six rows
