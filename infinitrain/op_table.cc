@@ -570,7 +570,9 @@ RULE(Fp8AmaxPush) {
         OpError(op, "scale must have shape [" + std::to_string(h.size(0)) + "], got " + ShapeToString(sc.shape()));
     }
     if (amax.dim() != 0) OpError(op, "amax must be 0-d, got shape " + ShapeToString(amax.shape()));
-    if (h.size(1) < 1) OpError(op, "history needs at least one column");
+    if (h.size(1) < 1 || h.size(1) > 4096) {
+        OpError(op, "history must have 1 to 4096 columns, got " + std::to_string(h.size(1)));
+    }
     const int64_t row = Int(a, 0);
     if (row < 0 || row >= h.size(0)) {
         OpError(op, "row " + std::to_string(row) + " is outside the history's " + std::to_string(h.size(0)) + " rows");

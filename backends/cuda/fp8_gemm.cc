@@ -2,17 +2,19 @@
 //   out[M, N] = op(a)[M, K] @ op(b)[K, N] * a_scale_inv * b_scale_inv + bias[N]
 // float8 operands (e4m3 x e4m3, or one of them e5m2), float32 accumulation (CUBLAS_COMPUTE_32F, no fast
 // accumulation), the scale_invs read on the device (CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER), the bias in the
-// epilogue, out rounded once to float32, bfloat16 or float16.
+// epilogue for 16-bit outputs (a float32 output adds it after: FP8 kernels take no float32 bias), out rounded once.
 //
 // Layout: FP8 tensor cores take both operands K-contiguous ("TN"): row-major a [M, K] and b [N, K] are the
 // column-major a^T [K, M] and b^T [K, N], and out^T [N, M] = (b^T)^T @ a^T: A = b transposed, B = a. An operand
 // stored the other way (trans_a = 1, or trans_b = 0) is transposed into scratch first (one byte an element).
-// Shapes, alignments and types cuBLASLt declines, and compute capability below 8.9, run the plain kernel
-// (backends/gpu/fp8.h), as does everything under INFINITRAIN_CUDA_FP8=portable.
+// Shapes outside cuBLASLt's FP8 rules (dimensions multiples of 16, 16-byte aligned pointers), cases it has no
+// algorithm for, and compute capability below 8.9 run the plain kernel (backends/gpu/fp8.h), as does everything
+// under INFINITRAIN_CUDA_FP8=portable. Reviewed against cuBLASLt's documentation; not yet run on a GPU.
 #include "backends/cuda/fp8_gemm.h"
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -74,7 +76,7 @@ void SetPointer(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, con
     CheckBlas(cublasLtMatmulDescSetAttribute(d, attr, &p, sizeof p), what);
 }
 
-Plan Build(const Key& k, cublasLtHandle_t h) {
+Plan Build(const Key& k, cublasLtHandle_t h, const void* bias) {
     Plan p;
     cublasLtMatmulDesc_t d = nullptr;
     CheckBlas(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -95,6 +97,7 @@ Plan Build(const Key& k, cublasLtHandle_t h) {
         CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
         CheckBlas(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
                   "BIAS_DATA_TYPE");
+        SetPointer(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias, "BIAS_POINTER");  // the heuristic reads its alignment
     }
     // out^T [N, M] = (b^T [K, N])^T @ a^T [K, M]
     p.a = lt::MakeLayout(Fp8Type(k.b), k.k, k.n, k.k);
@@ -126,15 +129,21 @@ Plan Build(const Key& k, cublasLtHandle_t h) {
     int found = 0;
     cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(h, d, p.a.get(), p.b.get(), p.c.get(), p.c.get(), pr, 1, &result, &found);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE ||
-        (st == CUBLAS_STATUS_SUCCESS && found == 0)) {
-        return p;
-    }
+    // No algorithm: the plain kernel runs it. INVALID_VALUE is an error here: the documented FP8 rules were checked
+    // before (FitsFp8), so it means a descriptor this file got wrong.
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return p;
     CheckBlas(st, "cublasLtMatmulAlgoGetHeuristic");
     p.ok = true;
     p.algo = result.algo;
     p.workspace = result.workspaceSize;
     return p;
+}
+
+// cuBLASLt's documented FP8 requirements: k, and both operands' and the output's leading dimensions, multiples of
+// 16; 16-byte aligned pointers. Cases outside them run the plain kernel without asking cuBLASLt.
+bool FitsFp8(int64_t m, int64_t n, int64_t k, const Key& key) {
+    const uint32_t align = std::min({key.align_a, key.align_b, key.align_out, key.align_bias});
+    return m % 16 == 0 && n % 16 == 0 && k % 16 == 0 && align >= 16;
 }
 
 void Fp8MatmulLt(KernelContext& ctx) {
@@ -146,6 +155,29 @@ void Fp8MatmulLt(KernelContext& ctx) {
         !HasFp8(ctx.device.index)) {
         return PortableFp8Matmul(ctx);
     }
+    // FP8 kernels take no float32 bias (cuBLASLt wants bfloat16 there): a float32 output adds it after the GEMM.
+    const bool epilogue_bias = bias && out.dtype() != DataType::kFloat32;
+    const void* bp = epilogue_bias ? bias->data() : nullptr;
+    // Operands stored the other way are transposed into fresh scratch (allocator blocks are 256-byte aligned).
+    const Key key{ctx.device.index,
+                  a.dtype(),
+                  b.dtype(),
+                  out.dtype(),
+                  m,
+                  n,
+                  k,
+                  epilogue_bias,
+                  ta ? 256u : lt::Alignment(a.data()),
+                  tb ? lt::Alignment(b.data()) : 256u,
+                  lt::Alignment(out.data()),
+                  epilogue_bias ? lt::Alignment(bp) : 256u};
+    if (!FitsFp8(m, n, k, key)) return PortableFp8Matmul(ctx);
+    cublasLtHandle_t h = lt::Handle(ctx.device.index);
+    thread_local std::map<Key, Plan> plans;
+    auto it = plans.find(key);
+    if (it == plans.end()) it = plans.emplace(key, Build(key, h, bp)).first;
+    const Plan& p = it->second;
+    if (!p.ok) return PortableFp8Matmul(ctx);
     // K-contiguous operands: a as [M, K], b as [N, K].
     Tensor ak = a, bk = b;
     if (ta) {
@@ -156,25 +188,6 @@ void Fp8MatmulLt(KernelContext& ctx) {
         bk = Tensor::Empty({n, k}, b.dtype(), ctx.device);
         TransposeBytes(ctx, b, bk, k, n);
     }
-    const void* bp = bias ? bias->data() : nullptr;
-    const Key key{ctx.device.index,
-                  a.dtype(),
-                  b.dtype(),
-                  out.dtype(),
-                  m,
-                  n,
-                  k,
-                  bias != nullptr,
-                  lt::Alignment(ak.data()),
-                  lt::Alignment(bk.data()),
-                  lt::Alignment(out.data()),
-                  bias ? lt::Alignment(bp) : 256u};
-    cublasLtHandle_t h = lt::Handle(ctx.device.index);
-    thread_local std::map<Key, Plan> plans;
-    auto it = plans.find(key);
-    if (it == plans.end()) it = plans.emplace(key, Build(key, h)).first;
-    const Plan& p = it->second;
-    if (!p.ok) return PortableFp8Matmul(ctx);
     cublasLtMatmulDesc_t d = p.desc.get();
     SetPointer(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, ctx.in[3].data(), "A_SCALE_POINTER");  // b's
     SetPointer(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, ctx.in[2].data(), "B_SCALE_POINTER");  // a's
@@ -186,6 +199,7 @@ void Fp8MatmulLt(KernelContext& ctx) {
                              out.data(), p.c.get(), &p.algo, p.workspace ? workspace.data() : nullptr, p.workspace,
                              static_cast<cudaStream_t>(ctx.stream.handle())),
               "cublasLtMatmul (fp8)");
+    if (bias && !epilogue_bias) AddBiasFloat32(ctx, out, *bias, m, n);
     lt_fp8_calls.fetch_add(1, std::memory_order_relaxed);
 }
 

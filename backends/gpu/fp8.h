@@ -11,6 +11,9 @@ namespace infinitrain::gpu {
 // dst [cols, rows] = src [rows, cols]^T, one byte an element (float8), on the op's stream.
 void TransposeBytes(const KernelContext& ctx, const Tensor& src, const Tensor& dst, int64_t rows, int64_t cols);
 
+// out[i, j] += bias[j] for float32 out [m, n] (FP8 GEMMs with a float32 output take no bias in the epilogue).
+void AddBiasFloat32(const KernelContext& ctx, const Tensor& out, const Tensor& bias, int64_t m, int64_t n);
+
 // fp8_matmul by a plain kernel: one thread an output, float32 sums in k order.
 void PortableFp8Matmul(KernelContext& ctx);
 

@@ -6,6 +6,8 @@
 //     the float's bits (non-negative floats order as their bits; a NaN's bits are above infinity's).
 //   transpose: 32 x 32 tiles through shared memory.
 //   matmul: out[i, j] = sum_k a(i, k) b(k, j) in float32, k in order, then * a_inv * b_inv + bias, rounded once.
+#include <algorithm>
+
 #include "backends/gpu/context.h"
 #include "backends/gpu/copy.cuh"
 #include "backends/gpu/fp8.h"
@@ -68,19 +70,28 @@ void Fp8Quantize(KernelContext& ctx) {
 
 constexpr int kTile = 32;
 
+// Tiles of rows beyond the grid's y limit (65535) come round in the y loop.
 __global__ void TransposeKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows,
                                 int64_t cols) {
     __shared__ uint8_t tile[kTile][kTile + 1];
-    const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-        const int64_t r = r0 + i, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+    const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile, row_tiles = (rows + kTile - 1) / kTile;
+    for (int64_t ty = blockIdx.y; ty < row_tiles; ty += gridDim.y) {
+        const int64_t r0 = ty * kTile;
+        __syncthreads();  // the tile's last readers are done
+        for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+            const int64_t r = r0 + i, c = c0 + threadIdx.x;
+            if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+        }
+        __syncthreads();
+        for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+            const int64_t c = c0 + i, r = r0 + threadIdx.x;  // dst row c, column r
+            if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][i];
+        }
     }
-    __syncthreads();
-    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-        const int64_t c = c0 + i, r = r0 + threadIdx.x;  // dst row c, column r
-        if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][i];
-    }
+}
+
+__global__ void AddBiasKernel(float* __restrict__ out, const float* __restrict__ bias, int64_t m, int64_t n) {
+    GPU_KERNEL_LOOP(i, m * n) { out[i] += bias[i % n]; }
 }
 
 template <bool kAE5M2, bool kBE5M2, typename T>
@@ -135,10 +146,17 @@ void Fp8AmaxPush(KernelContext& ctx) {
 void TransposeBytes(const KernelContext& ctx, const Tensor& src, const Tensor& dst, int64_t rows, int64_t cols) {
     if (rows == 0 || cols == 0) return;
     const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
-                    static_cast<unsigned>((rows + kTile - 1) / kTile));
+                    static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
     TransposeKernel<<<grid, dim3(kTile, 8), 0, NativeStream(ctx)>>>(static_cast<const uint8_t*>(src.data()),
                                                                     static_cast<uint8_t*>(dst.data()), rows, cols);
     GPU_CHECK_LAUNCH("fp8_matmul (transpose)");
+}
+
+void AddBiasFloat32(const KernelContext& ctx, const Tensor& out, const Tensor& bias, int64_t m, int64_t n) {
+    if (m * n == 0) return;
+    AddBiasKernel<<<Blocks(m * n), kThreads, 0, NativeStream(ctx)>>>(static_cast<float*>(out.data()),
+                                                                     static_cast<const float*>(bias.data()), m, n);
+    GPU_CHECK_LAUNCH("fp8_matmul (bias)");
 }
 
 void PortableFp8Matmul(KernelContext& ctx) {
