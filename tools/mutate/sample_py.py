@@ -309,7 +309,7 @@ def write_reports(a, meta, results, equivalent):
             json.dump({**meta, "summary": line, "counts": s, "results": results}, f, indent=1)
     if a.md_out:
         with open(a.md_out, "w") as f:
-            f.write(f"# Python mutation sample (seed {a.seed}, {meta['rev']})\n\n{line}\n\n")
+            f.write(f"# {meta.get('kind', 'Python')} mutation sample (seed {a.seed}, {meta['rev']})\n\n{line}\n\n")
             f.write("| mutant | line | result | seconds | detail |\n|---|---|---|---|---|\n")
             for r in results:
                 f.write(
