@@ -14,10 +14,10 @@ pointer's `*` or a unary minus; those are replaced by their usual mutation-testi
 Comments, string and character literals, preprocessor lines and registrations are not mutated.
 
 Each mutant's tests run twice, at 1 and 2 OpenMP threads (a kernel's serial and split paths), stopping at the first
-failure; a mutant that does not compile is reported as not built and not scored (as mutation tools do with
-stillborn mutants). Run it in a clone of its own (see docs/mutation_python.md): the files are edited in place and
-restored after each mutant, also on Ctrl-C, SIGTERM or an error. The GPU kernels (backends/gpu) are not sampled
-here: their mutants need the GPU machine to run.
+failure; a test process that dies of a signal (an abort, a fault) counts as a kill; a mutant that does not compile
+is reported as not built and not scored (as mutation tools do with stillborn mutants). Run it in a clone of its own
+(see docs/mutation_python.md): the files are edited in place and restored after each mutant, also on Ctrl-C, SIGTERM
+or an error. The GPU kernels (backends/gpu) are not sampled here: their mutants need the GPU machine to run.
 """
 
 import argparse
@@ -60,7 +60,7 @@ AREAS = {
     "scan.cc": ["ops/test_ops_scan_sort.py"],
     "shape.cc": ["ops/test_ops_shape.py"],
     "sort.cc": ["ops/test_ops_scan_sort.py"],
-    "threads.cc": ["ops/test_ops_elementwise.py", "ops/test_ops_reduce.py"],
+    "threads.cc": ["core/test_torch_functions.py", "ops/test_ops_elementwise.py"],  # set_num_threads
 }
 
 # Binary operators (as clang-format spaces them) and what each becomes.
@@ -182,6 +182,9 @@ def run_one(m, committed, tests, tests_root, env, timeout, log):
             res["secs"] += s
             if status != "pass":
                 result = {"fail": "killed", "timeout": "timeout", "error": "error"}[status]
+                if status == "error" and re.match(r"pytest exit -\d+", detail):
+                    result = "killed"  # the test process died of a signal (an abort or a fault): caught
+                    detail = detail.split(":")[0] + " (crashed)"
                 res.update(result=result, detail=f"{detail} ({n} thread{'s' if n > 1 else ''})")
                 return res
         res.update(result="survived", detail="")
@@ -194,6 +197,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=20261205)
     ap.add_argument("--count", type=int, default=40)
+    ap.add_argument("--ids", default="", help="comma-separated mutant ids to run instead of a sample (a rerun)")
     ap.add_argument("--list", action="store_true", help="print the mutant count per file and exit")
     ap.add_argument("--dry_run", action="store_true", help="print the sample and each one's tests; run nothing")
     ap.add_argument("--timeout", type=float, default=300, help="seconds at most of one pytest run")
@@ -215,6 +219,13 @@ def main(argv=None):
         print(f"{len(mutants):6d} mutants in {len(sources)} files")
         return 0
     picked = [mutants[i] for i in random.Random(a.seed).sample(range(len(mutants)), min(a.count, len(mutants)))]
+    if a.ids:
+        by_id = {m["id"]: m for m in mutants}
+        unknown = [i for i in a.ids.split(",") if i not in by_id]
+        if unknown:
+            print(f"--ids: no such mutant: {unknown}", file=sys.stderr)
+            return 2
+        picked = [by_id[i] for i in a.ids.split(",")]
     tests_root = os.path.join(ROOT, "tests")
 
     def tests_of(m):
