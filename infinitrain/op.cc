@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -297,6 +298,8 @@ private:
 namespace {
 
 std::atomic<bool> g_poison{false};
+constexpr size_t kGuardBytes = 64;
+constexpr unsigned char kGuardByte = 0xa5;
 std::atomic<int> g_matmul_precision{static_cast<int>(MatmulPrecision::kHighest)};
 std::atomic<bool> g_fallback[kNumDeviceTypes];
 std::function<void(const std::string&)> g_warn;
@@ -476,20 +479,44 @@ std::vector<Tensor> Op::RunKernel(KernelFn fn, const Device& device, const std::
     const Stream stream = CurrentStream(device);
     std::optional<KernelTimer> timer;
     if (ProfilingActive()) timer.emplace(this, stream);
+    // Test mode on the cpu (kernels run synchronously there): each output has guard bytes after it, checked after
+    // the kernel, so a write past an output's end fails the op instead of corrupting whatever lies there.
+    // (Outputs of a GiB or more go unguarded: an out-of-memory error then names the size the op asked for.)
     std::vector<Tensor> out;
+    std::vector<bool> guarded;
     out.reserve(metas.size());
-    for (const TensorMeta& m : metas) out.push_back(Tensor::Empty(m.shape, m.dtype, device));
+    for (const TensorMeta& m : metas) {
+        const bool g = g_poison && device.is_cpu() &&
+                       Numel(m.shape) < (int64_t{1} << 30) / static_cast<int64_t>(DataTypeSize(m.dtype));
+        out.push_back(g ? Tensor::EmptyGuarded(m.shape, m.dtype, device, kGuardBytes)
+                        : Tensor::Empty(m.shape, m.dtype, device));
+        guarded.push_back(g);
+    }
     if (g_poison) {
         // On the kernel's stream, so the fill is ordered before the kernel.
         DeviceRuntime& rt = GetRuntime(device.type);
-        for (Tensor& t : out) {
+        for (size_t k = 0; k < out.size(); ++k) {
+            Tensor& t = out[k];
             if (t.nbytes()) rt.MemsetAsync(t.data(), 0xff, t.nbytes(), stream);
+            if (guarded[k]) std::memset(static_cast<char*>(t.data()) + t.nbytes(), kGuardByte, kGuardBytes);
         }
     }
     for (int k : schema_.Written(static_cast<int>(in.size()))) in[k].storage()->BumpVersion();
     for (const Tensor& t : in) t.storage()->RecordStream(stream);
     KernelContext ctx{in, out, attrs, device, stream, this};
     fn(ctx);
+    for (size_t k = 0; k < out.size(); ++k) {
+        if (guarded[k]) {
+            const unsigned char* g = static_cast<const unsigned char*>(out[k].data()) + out[k].nbytes();
+            for (size_t i = 0; i < kGuardBytes; ++i) {
+                if (g[i] != kGuardByte) {
+                    throw std::logic_error("op '" + schema_.name + "': the cpu kernel wrote past the end of output " +
+                                           std::to_string(k) + " (" + out[k].ToString() + "), at byte " +
+                                           std::to_string(out[k].nbytes() + i));
+                }
+            }
+        }
+    }
     return out;
 }
 

@@ -7,13 +7,14 @@
 
 namespace infinitrain {
 
-Storage::Storage(size_t nbytes, Device device, bool pinned) : nbytes_(nbytes), device_(device), pinned_(pinned) {
+Storage::Storage(size_t nbytes, Device device, bool pinned, size_t slack)
+    : nbytes_(nbytes), device_(device), pinned_(pinned) {
     // Zero-size tensors still get a distinct, valid block.
     if (pinned) {
         if (!device.is_cpu()) throw std::invalid_argument("only cpu memory can be pinned, not " + device.ToString());
-        block_ = PinnedAllocator().Allocate(nbytes, Stream());
+        block_ = PinnedAllocator().Allocate(nbytes + slack, Stream());
     } else {
-        block_ = DeviceAllocator(device).Allocate(nbytes, CurrentStream(device));
+        block_ = DeviceAllocator(device).Allocate(nbytes + slack, CurrentStream(device));
     }
     data_ = block_->ptr;
 }
@@ -38,7 +39,7 @@ std::string ShapeToString(const Shape& shape) {
     return s + "]";
 }
 
-Tensor Tensor::Allocate(const Shape& shape, DataType dtype, Device device, bool pinned) {
+Tensor Tensor::Allocate(const Shape& shape, DataType dtype, Device device, bool pinned, size_t guard) {
     for (int64_t s : shape) {
         if (s < 0) throw std::invalid_argument("negative dimension in shape " + ShapeToString(shape));
     }
@@ -51,8 +52,12 @@ Tensor Tensor::Allocate(const Shape& shape, DataType dtype, Device device, bool 
         throw std::invalid_argument("shape " + ShapeToString(shape) + " of " + DataTypeName(dtype) +
                                     " is too large to allocate");
     }
-    t.storage_ = std::make_shared<Storage>(static_cast<size_t>(nbytes), device, pinned);
+    t.storage_ = std::make_shared<Storage>(static_cast<size_t>(nbytes), device, pinned, guard);
     return t;
+}
+
+Tensor Tensor::EmptyGuarded(const Shape& shape, DataType dtype, Device device, size_t guard) {
+    return Allocate(shape, dtype, device, false, guard);
 }
 
 Tensor Tensor::Empty(const Shape& shape, DataType dtype, Device device) {

@@ -20,8 +20,8 @@ using Shape = std::vector<int64_t>;
 class Storage {
 public:
     // Allocates from the device's caching allocator for work on the device's current stream
-    // (pinned: page-locked host memory, for a cpu device only).
-    Storage(size_t nbytes, Device device, bool pinned = false);
+    // (pinned: page-locked host memory, for a cpu device only); `slack` more bytes lie after the storage's own.
+    Storage(size_t nbytes, Device device, bool pinned = false, size_t slack = 0);
     // Wraps memory owned elsewhere (NumPy arrays, a provider's host view of device memory); never freed here.
     Storage(void* data, size_t nbytes, Device device) : data_(data), nbytes_(nbytes), device_(device) {}
     ~Storage();
@@ -59,6 +59,9 @@ public:
     static Tensor Empty(const Shape& shape, DataType dtype, Device device);
     // A cpu tensor in page-locked memory, which copies to and from an accelerator read asynchronously.
     static Tensor EmptyPinned(const Shape& shape, DataType dtype);
+    // Empty with `guard` more bytes allocated after the tensor's own (they belong to no tensor): the dispatcher's
+    // test mode fills them and checks them after a CPU kernel, to catch writes past the end of an output.
+    static Tensor EmptyGuarded(const Shape& shape, DataType dtype, Device device, size_t guard);
     // A tensor over memory the caller keeps alive (contiguous, numel * dtype size bytes).
     static Tensor FromBlob(void* data, const Shape& shape, DataType dtype, Device device);
 
@@ -97,7 +100,7 @@ public:
     std::string ToString() const;  // "Tensor(float32[2, 3], cpu:0)"
 
 private:
-    static Tensor Allocate(const Shape& shape, DataType dtype, Device device, bool pinned);
+    static Tensor Allocate(const Shape& shape, DataType dtype, Device device, bool pinned, size_t guard = 0);
 
     std::shared_ptr<Storage> storage_;
     Shape shape_;
