@@ -25,7 +25,7 @@ every provider run the ops in the conformance suites, but training on them would
 
 import dataclasses
 
-from infinitrain import amp, dispatch, nn
+from infinitrain import amp, autograd, dispatch, nn
 from infinitrain import functional as F
 from infinitrain import tensor_ops as T
 from infinitrain.tensor import Tensor, tensor
@@ -78,7 +78,7 @@ def _matmul(a, b, a_inv, b_inv, trans_a, trans_b, dtype, bias=None):
 
 def linear(x, weight, bias, state):
     """x[..., in] @ weight[out, in]^T + bias in FP8 (e4m3 operands, e5m2 output gradient), scaled by `state` (an
-    Fp8Linear's scaling: its scale() and observe())."""
+    Fp8Linear's scaling: its scale(), tracking() and observe())."""
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"fp8 linear: x {tuple(x.shape)} does not match weight {tuple(weight.shape)}")
     out_dtype = amp.autocast_dtype() or x.dtype
@@ -88,8 +88,10 @@ def linear(x, weight, bias, state):
     sx, sw = state.scale(INPUT, rows), state.scale(WEIGHT, weight)
     x8, amax_x = _quantize(rows.detach(), sx, E4M3)
     w8, amax_w = _quantize(weight.detach(), sw, E4M3)
-    state.observe(INPUT, amax_x)
-    state.observe(WEIGHT, amax_w)
+    track = state.tracking()
+    if track:
+        state.observe(INPUT, amax_x)
+        state.observe(WEIGHT, amax_w)
     inv_x, inv_w = T.reciprocal(sx), T.reciprocal(sw)
     # A 16-bit output takes the bias in the GEMM's epilogue (rounded once); a float32 one adds it after.
     epilogue_bias = bias is not None and out_dtype != "float32"
@@ -104,7 +106,8 @@ def linear(x, weight, bias, state):
             g2 = g.reshape(-1, g.shape[-1])
             sg = state.scale(GRAD, g2)
             g8, amax_g = _quantize(g2, sg, E5M2)
-            state.observe(GRAD, amax_g)
+            if track:
+                state.observe(GRAD, amax_g)
             inv_g = T.reciprocal(sg)
             gx = gw = gb = None
             if x.requires_grad:
@@ -157,11 +160,14 @@ class Fp8Linear(nn.Linear):
             m = F.amax(self.fp8_amax_history[row]).reshape(1)
             self._write1(self.fp8_scale, row, _scale_from(m, self._fmax(row), self.recipe.margin, self.fp8_scale[row]))
 
+    def tracking(self):
+        """Whether this forward's amaxes enter the histories: delayed scaling, in training mode with gradients on
+        (evaluation and sampling, under no_grad, do not move the scales training uses)."""
+        return self.recipe.scaling == "delayed" and self.training and autograd.is_grad_enabled()
+
     def observe(self, row, amax):
         """Delayed scaling: amax enters row `row`'s history and the row's scale is recomputed from it, one op
-        (fp8_amax_push_); in training mode only: evaluation does not move the scales training uses."""
-        if self.recipe.scaling != "delayed" or not self.training:
-            return
+        (fp8_amax_push_). The caller asks tracking() first (at the forward: the backward runs without grad)."""
         dispatch.op("fp8_amax_push_")(
             [self.fp8_amax_history._t, self.fp8_scale._t, amax._t], [row, self._fmax(row), self.recipe.margin]
         )

@@ -241,6 +241,10 @@ def test_delayed_scaling_history_and_scale():
         scale = layer.fp8_scale.cpu().numpy()
         assert scale[fp8.INPUT] == np.float32(np.float32(448.0 / 2**margin) / want.max())
         assert scale[fp8.GRAD] == np.float32(57344.0 / 2**margin)
+    frozen = layer.fp8_amax_history.cpu().numpy().copy()
+    with it.no_grad():  # evaluation and sampling leave the histories alone
+        layer(it.tensor(g.standard_normal((4, 16)).astype(np.float32) * 100, device=DEVICE))
+    assert same(layer.fp8_amax_history.cpu().numpy(), frozen)
     one = fp8.Fp8Linear(16, 16, recipe=fp8.Recipe(amax_history_len=1)).to(DEVICE)
     one(it.tensor(g.standard_normal((4, 16)).astype(np.float32), device=DEVICE))
     before = one.fp8_scale.cpu().numpy().copy()

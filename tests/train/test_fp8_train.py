@@ -39,6 +39,7 @@ def test_fp8_resume_is_exact(tmp_path, scaling):
     """Six steps, saved at step 3, resumed to 6: the same losses, printed digit for digit, as six straight steps;
     the delayed run's checkpoint holds every FP8 layer's history and scales."""
     flags = (*BASE, f"--fp8_scaling={scaling}", "--fp8", "--fp8_amax_history=4", "--num_iteration=6")
+    flags = (*flags, "--val_loss_every=2", "--val_batches=2")  # validation must not move the scales
     save = f"--save={tmp_path / 'ck'}"
     straight = harness.step_lines(harness.run_train(*flags, save, "--save_interval=3").stdout)
     (tmp_path / "ck" / "ckpt_00000006.bin").unlink()  # resume from step 3's
@@ -75,6 +76,7 @@ def test_fp8_ddp_resume_is_exact(tmp_path):
         ({"tensor_parallel": 2}, "--tensor_parallel"),
         ({"pipeline_parallel": 2}, "--pipeline_parallel"),
         ({"zero_stage": 3}, "--zero_stage=3"),
+        ({"activation_recompute": True}, "--activation_recompute"),
     ],
 )
 def test_fp8_conflicts_refused(extra, named):

@@ -307,12 +307,13 @@ class RunConfig:
                     ("lora_rank", self.lora_rank), ("lora_load_path", self.lora_load_path),
                     ("tensor_parallel", self.tensor_parallel > 1), ("pipeline_parallel", self.pipeline_parallel > 1),
                     ("zero_stage=3", self.zero_stage == 3), ("precision_check", self.precision_check),
+                    ("activation_recompute", self.activation_recompute),
                 ) if on
             ]  # fmt: skip
             if other:
                 raise UsageError(
                     f"--fp8 with {', '.join(other)} is not implemented yet (FP8 covers one device, DDP "
-                    "and ZeRO-1/2, full training)"
+                    "and ZeRO-1/2, full training without recompute)"
                 )
 
     # ---- derived settings ----
