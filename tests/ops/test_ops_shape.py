@@ -52,7 +52,11 @@ def check_equal(out, expected, dtype, what=""):
         ((3, 0, 2), [2, 1, 0]),
         ((1,), [0]),
         ((), []),
-        ((64, 65, 3), [1, 0, 2]),  # big enough for threads
+        ((64, 65, 3), [1, 0, 2]),
+        # Past the threshold where rows split over threads (>= 2^15 elements), with three or more coalesced dims, so
+        # a thread's first row needs its full multi-index: contiguous rows, and strided ones.
+        ((32, 33, 5, 7), [2, 0, 1, 3]),
+        ((40, 3, 300), [2, 0, 1]),
     ],
 )
 def test_permute(shape, dims, dtype):
