@@ -43,13 +43,14 @@ THREADS = (1, 2)
 # threads.cc) map to the suites of the kernels they serve.
 COMMON = ["ops/test_conformance.py", "ops/test_composites.py"]
 AREAS = {
-    "attention.cc": ["ops/test_ops_attention.py", "ops/test_attention_paths.py"],
+    # The bf16 products run on the sbgemm kernels only where the CPU has AMX, or forced: the paths test forces them.
+    "attention.cc": ["ops/test_ops_attention.py", "ops/test_attention_paths.py", "ops/test_cpu_bf16_gemm_paths.py"],
     "bf16_gemm.cc": ["ops/test_ops_gemm.py", "ops/test_cpu_bf16_gemm_paths.py"],
     "blas.cc": ["ops/test_ops_gemm.py"],
     "copy.cc": ["ops/test_ops_copy.py"],
     "elementwise.cc": ["ops/test_ops_elementwise.py", "ops/test_ops_extreme.py"],
     "fp8.cc": ["ops/test_fp8.py"],
-    "gemm.cc": ["ops/test_ops_gemm.py", "ops/test_linear_paths.py"],
+    "gemm.cc": ["ops/test_ops_gemm.py", "ops/test_linear_paths.py", "ops/test_cpu_bf16_gemm_paths.py"],
     "index.cc": ["ops/test_ops_index.py"],
     "loss.cc": ["ops/test_ops_loss.py"],
     "moe.cc": ["ops/test_ops_moe.py"],
