@@ -1244,18 +1244,22 @@ def linear_gelu_linear(x, fc_weight, fc_bias, proj_weight, proj_bias):
     """linear(gelu(linear(x, fc_weight, fc_bias), approximate="tanh"), proj_weight, proj_bias), GPT-2's MLP, as one
     autograd node, so a provider can take the GELU into the first GEMM's epilogue (linear_gelu_tanh, which keeps the
     GELU's input) and the GELU's gradient into the GEMM that brings the gradient back through proj_weight
-    (linear_dgelu_tanh)."""
+    (linear_dgelu_tanh). Only the GELU's input is saved: backward recomputes its output with gelu_tanh, as
+    linear_gelu_tanh's kernels make it, for proj_weight's gradient."""
     x, fc_weight, fc_bias, proj_weight, proj_bias = _autocast(
         "linear_gelu_linear", x, fc_weight, fc_bias, proj_weight, proj_bias
     )
     fc_in = [x, fc_weight] if fc_bias is None else [x, fc_weight, fc_bias]
     h, pre = (Tensor(t) for t in dispatch.op("linear_gelu_tanh")([t._t for t in fc_in], []))
     out = _run1("linear", [h, proj_weight] if proj_bias is None else [h, proj_weight, proj_bias])
+    del h  # backward recomputes it from pre: one elementwise pass instead of keeping [..., 4C] until backward
     if _needs_grad(x, fc_weight, fc_bias, proj_weight, proj_bias):
         xd, w1d, w2d = x.detach(), fc_weight.detach(), proj_weight.detach()
 
         def backward(g):
+            h = _run1("gelu_tanh", [pre]) if proj_weight.requires_grad else None
             gw2, gb2 = _linear_param_grads(g, h, proj_weight, proj_bias)
+            del h
             gx = gw1 = gb1 = None
             if x.requires_grad or fc_weight.requires_grad or (fc_bias is not None and fc_bias.requires_grad):
                 # fc_bias's gradient from the dweight GEMM (its epilogue on cuda), not from linear_dgelu_tanh's sums.

@@ -1,6 +1,8 @@
 """Autograd against float64 finite differences: every differentiable function
 of infinitrain.functional, on fresh random inputs, including broadcasting."""
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -151,6 +153,31 @@ def test_linear_gelu_linear_matches_the_unfused_mlp(grads):
         assert (a is None) == (b is None) == (k not in wants), k
         if a is not None:
             np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12, err_msg=f"input {k}")
+
+
+def test_linear_gelu_linear_saves_only_the_gelu_input():
+    """Between forward and backward the one-node MLP holds its output and the GELU's input [rows, hidden], not the
+    GELU's output too (backward recomputes it), and the gradients still match the unfused MLP's."""
+    rows, d, hidden = 64, 8, 512
+    arrays = [randn(rows, d), randn(hidden, d), randn(hidden), randn(d, hidden), randn(d)]
+    dev = it.runtime.parse_device(DEVICE)
+    grads = []
+    for fused in (True, False):
+        ts = [_t(a) for a in arrays]
+        gc.collect()
+        it.runtime.synchronize(dev)
+        before = it.runtime.memory_allocated(dev)
+        if fused:
+            out = F.linear_gelu_linear(*ts)
+            held = it.runtime.memory_allocated(dev) - before
+            pre_bytes = rows * hidden * 8  # float64
+            assert pre_bytes <= held < 2 * pre_bytes, (held, pre_bytes)
+        else:
+            out = F.linear(F.gelu(F.linear(ts[0], ts[1], ts[2]), approximate="tanh"), ts[3], ts[4])
+        out.sum().backward()
+        grads.append([t.grad.numpy() for t in ts])
+    for k, (a, b) in enumerate(zip(*grads, strict=True)):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12, err_msg=f"input {k}")
 
 
 def test_embedding_gather_scatter():
