@@ -56,6 +56,22 @@ def flops_per_token(model, n_params, seq):
     return 6 * n_params + 12 * cfg.n_layer * seq * cfg.n_embd
 
 
+def memory_by_category(params, opt, peak):
+    """The step's peak memory split into weights, gradients and optimizer state (the tensors themselves, in GB) and
+    the rest: activations, workspace and temporaries at the peak."""
+
+    def gb(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None) / 1e9
+
+    parts = {
+        "weights": gb(params),
+        "grads": gb(p.grad for p in params),
+        "optimizer": gb(list(getattr(opt, "m", [])) + list(getattr(opt, "v", []))),
+    }
+    parts["activations_and_workspace"] = peak / 1e9 - sum(parts.values())
+    return parts
+
+
 def main(argv):
     del argv
     device = it.runtime.parse_device(FLAGS.device)
@@ -95,6 +111,7 @@ def main(argv):
         print(prof.table(top=FLAGS.top))
         prof.export_chrome_trace(FLAGS.profile)
     n_params = model.num_parameters()
+    memory = memory_by_category(params, opt, it.runtime.max_memory_allocated(device))
     tokens = FLAGS.batch * FLAGS.seq
     mfu = flops_per_token(model, n_params, FLAGS.seq) * tokens / med / (FLAGS.peak_tflops * 1e12)
     print(
@@ -110,6 +127,7 @@ def main(argv):
                 "tokens_per_s": round(tokens / med),
                 "mfu": round(mfu, 4),
                 "peak_GB": round(it.runtime.max_memory_allocated(device) / 1e9, 2),
+                "memory_GB": {k: round(v, 2) for k, v in memory.items()},
                 "loss": round(loss.item(), 4),
             }
         ),
