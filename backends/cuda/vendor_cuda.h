@@ -8,6 +8,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -105,6 +106,14 @@ __device__ __forceinline__ float ToFloat(bf16_t v) { return __bfloat162float(v);
 __device__ __forceinline__ float ToFloat(fp16_t v) { return __half2float(v); }
 __device__ __forceinline__ bf16_t FloatToBF16(float f) { return __float2bfloat16_rn(f); }
 __device__ __forceinline__ fp16_t FloatToFP16(float f) { return __float2half_rn(f); }
+
+// ---- float8 (optional): two float32s to two float8 codes, rounded to nearest even and saturated to the largest
+// finite value; a NaN's code is the caller's to fix (backends/gpu/ops_fp8.cu). One cvt.rn.satfinite instruction
+// on compute capability 8.9 and later.
+#define INFINITRAIN_GPU_FP8_CONVERT 1
+__device__ __forceinline__ uint32_t Fp8x2Saturate(float lo, float hi, bool e5m2) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
 
 // ---- warps ------------------------------------------------------------------
 

@@ -2,9 +2,12 @@
 // scaling's history and scale update, one block), a byte transpose, and a plain fp8_matmul kernel that a vendor FP8
 // GEMM falls back to (see fp8.h). Conversions: infinitrain/fp8.h, the
 // same integer code as the CPU's, so both round alike.
-//   fp8_quantize: a grid-stride pass; each block's max |x| (NaN wins) enters the 0-d output with an atomic max on
-//     the float's bits (non-negative floats order as their bits; a NaN's bits are above infinity's).
-//   transpose: 32 x 32 tiles through shared memory.
+//   fp8_quantize: a grid-stride pass, 8 elements a thread (16- or 32-byte loads, one 8-byte store) where sizes and
+//     alignment allow, else one; each block's max |x| (NaN wins) enters the 0-d output with an atomic max on the
+//     float's bits (non-negative floats order as their bits; a NaN's bits are above infinity's). Codes through the
+//     vendor's hardware conversion where it has one (INFINITRAIN_GPU_FP8_CONVERT), else the integer code: the same
+//     codes (saturated, round to nearest even; NaN keeps its sign, set here).
+//   transpose: 64 x 64 tiles through shared memory, 4 bytes a thread (32 x 32 and 1 byte where sizes are odd).
 //   matmul: out[i, j] = sum_k a(i, k) b(k, j) in float32, k in order, then * a_inv * b_inv + bias, rounded once.
 #include <algorithm>
 
@@ -24,6 +27,49 @@ __device__ __forceinline__ float LoadFloat(Storage<S> v) {
     } else {
         return ToAcc(v);
     }
+}
+
+// Two quantized codes (lo in bits 0-7, hi in 8-15): QuantizeFp8's, by the vendor's conversion where it has one.
+template <bool kE5M2>
+__device__ __forceinline__ uint32_t QuantizePair(float lo, float hi, float s) {
+#if defined(INFINITRAIN_GPU_FP8_CONVERT)
+    lo *= s;
+    hi *= s;
+    uint32_t c = Fp8x2Saturate(lo, hi, kE5M2) & 0xffffu;
+    if (isnan(lo)) c = (c & 0xff00u) | (signbit(lo) ? 0xffu : 0x7fu);
+    if (isnan(hi)) c = (c & 0x00ffu) | (signbit(hi) ? 0xff00u : 0x7f00u);
+    return c;
+#else
+    return QuantizeFp8<kE5M2>(lo, s) | (static_cast<uint32_t>(QuantizeFp8<kE5M2>(hi, s)) << 8);
+#endif
+}
+
+__device__ __forceinline__ float NanMax(float m, float a) { return (a > m || isnan(a)) ? a : m; }
+
+// 8 elements a thread: x 16-byte aligned, out 8-byte aligned, n8 = n / 8.
+template <DataType S, bool kE5M2>
+__global__ void QuantizeVec8Kernel(const Storage<S>* __restrict__ x, uint2* __restrict__ out, int64_t n8,
+                                   const float* __restrict__ scale, unsigned int* __restrict__ amax_bits) {
+    constexpr int kVecs = 8 * sizeof(Storage<S>) / sizeof(uint4);
+    const float s = *scale;
+    float m = 0.0f;
+    GPU_KERNEL_LOOP(i, n8) {
+        alignas(16) Storage<S> v[8];
+        const uint4* src = reinterpret_cast<const uint4*>(x + i * 8);
+#pragma unroll
+        for (int q = 0; q < kVecs; ++q) reinterpret_cast<uint4*>(v)[q] = src[q];
+        float f[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            f[j] = ToAcc(v[j]);
+            m = NanMax(m, fabsf(f[j]));
+        }
+        const uint32_t lo = QuantizePair<kE5M2>(f[0], f[1], s) | (QuantizePair<kE5M2>(f[2], f[3], s) << 16);
+        const uint32_t hi = QuantizePair<kE5M2>(f[4], f[5], s) | (QuantizePair<kE5M2>(f[6], f[7], s) << 16);
+        out[i] = make_uint2(lo, hi);
+    }
+    m = BlockReduce(m, NanMaxOp{}, 0.0f);
+    if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(fabsf(m)));
 }
 
 template <DataType S, bool kE5M2>
@@ -56,9 +102,21 @@ void Fp8Quantize(KernelContext& ctx) {
             auto* op = static_cast<uint8_t*>(out.data());
             auto* sp = static_cast<const float*>(scale.data());
             auto* ap = static_cast<unsigned int*>(amax.data());
-            if (e5m2) {
+            const bool vec = S != DataType::kFloat64 && n % 8 == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 &&
+                             reinterpret_cast<uintptr_t>(op) % 8 == 0;
+            if constexpr (S != DataType::kFloat64) {
+                if (vec) {
+                    auto* o8 = reinterpret_cast<uint2*>(op);
+                    if (e5m2) {
+                        QuantizeVec8Kernel<S, true><<<Blocks(n / 8), kThreads, 0, s>>>(xp, o8, n / 8, sp, ap);
+                    } else {
+                        QuantizeVec8Kernel<S, false><<<Blocks(n / 8), kThreads, 0, s>>>(xp, o8, n / 8, sp, ap);
+                    }
+                }
+            }
+            if (!vec && e5m2) {
                 QuantizeKernel<S, true><<<Blocks(n), kThreads, 0, s>>>(xp, op, n, sp, ap);
-            } else {
+            } else if (!vec) {
                 QuantizeKernel<S, false><<<Blocks(n), kThreads, 0, s>>>(xp, op, n, sp, ap);
             }
             GPU_CHECK_LAUNCH("fp8_quantize");
@@ -86,6 +144,37 @@ __global__ void TransposeKernel(const uint8_t* __restrict__ src, uint8_t* __rest
         for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
             const int64_t c = c0 + i, r = r0 + threadIdx.x;  // dst row c, column r
             if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][i];
+        }
+    }
+}
+
+// 64 x 64 tiles, 4 bytes a thread each way (rows and cols multiples of 4, 4-byte aligned rows): a 16 x 16 block
+// loads 16 rows of 64 bytes a pass, then writes 16 rows of the transposed tile a pass. The shared tile's rows are
+// 68 bytes (17 words) apart, so a warp's column reads hit distinct banks.
+constexpr int kWide = 64;
+
+__global__ void TransposeWideKernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows,
+                                    int64_t cols) {
+    __shared__ uint8_t tile[kWide][kWide + 4];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kWide, row_tiles = (rows + kWide - 1) / kWide;
+    for (int64_t t = blockIdx.y; t < row_tiles; t += gridDim.y) {
+        const int64_t r0 = t * kWide;
+        __syncthreads();  // the tile's last readers are done
+        for (int i = ty; i < kWide; i += 16) {
+            const int64_t r = r0 + i, c = c0 + 4 * tx;
+            if (r < rows && c < cols) {
+                *reinterpret_cast<uint32_t*>(&tile[i][4 * tx]) = *reinterpret_cast<const uint32_t*>(src + r * cols + c);
+            }
+        }
+        __syncthreads();
+        for (int i = ty; i < kWide; i += 16) {
+            const int64_t c = c0 + i, r = r0 + 4 * tx;  // dst row c, columns r .. r + 3
+            if (c < cols && r < rows) {
+                const uint32_t v = tile[4 * tx][i] | (tile[4 * tx + 1][i] << 8) | (tile[4 * tx + 2][i] << 16) |
+                                   (static_cast<uint32_t>(tile[4 * tx + 3][i]) << 24);
+                *reinterpret_cast<uint32_t*>(dst + c * rows + r) = v;
+            }
         }
     }
 }
@@ -145,6 +234,16 @@ void Fp8AmaxPush(KernelContext& ctx) {
 
 void TransposeBytes(const KernelContext& ctx, const Tensor& src, const Tensor& dst, int64_t rows, int64_t cols) {
     if (rows == 0 || cols == 0) return;
+    const auto* sp = static_cast<const uint8_t*>(src.data());
+    auto* dp = static_cast<uint8_t*>(dst.data());
+    if (rows % 4 == 0 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(sp) % 4 == 0 &&
+        reinterpret_cast<uintptr_t>(dp) % 4 == 0) {
+        const dim3 grid(static_cast<unsigned>((cols + kWide - 1) / kWide),
+                        static_cast<unsigned>(std::min<int64_t>((rows + kWide - 1) / kWide, 65535)));
+        TransposeWideKernel<<<grid, dim3(16, 16), 0, NativeStream(ctx)>>>(sp, dp, rows, cols);
+        GPU_CHECK_LAUNCH("fp8_matmul (transpose)");
+        return;
+    }
     const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                     static_cast<unsigned>(std::min<int64_t>((rows + kTile - 1) / kTile, 65535)));
     TransposeKernel<<<grid, dim3(kTile, 8), 0, NativeStream(ctx)>>>(static_cast<const uint8_t*>(src.data()),

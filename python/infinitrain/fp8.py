@@ -25,7 +25,7 @@ every provider run the ops in the conformance suites, but training on them would
 
 import dataclasses
 
-from infinitrain import amp, autograd, dispatch, nn
+from infinitrain import amp, autograd, dispatch, fusion, nn
 from infinitrain import functional as F
 from infinitrain import tensor_ops as T
 from infinitrain.tensor import Tensor, tensor
@@ -84,6 +84,7 @@ def linear(x, weight, bias, state):
     out_dtype = amp.autocast_dtype() or x.dtype
     if out_dtype not in ("float32", "bfloat16", "float16"):
         raise TypeError(f"fp8 linear: computes in float32, bfloat16 or float16, not {out_dtype}")
+    x = fusion.linear_input(x)  # a pending norm writes autocast's 16-bit dtype itself, as for a bf16 linear
     rows = x.reshape(-1, x.shape[-1])
     sx, sw = state.scale(INPUT, rows), state.scale(WEIGHT, weight)
     x8, amax_x = _quantize(rows.detach(), sx, E4M3)
@@ -101,6 +102,8 @@ def linear(x, weight, bias, state):
         out = F.add(out, bias.detach())
     out = out.reshape(*x.shape[:-1], weight.shape[0])
     if dispatch.needs_grad(x, weight, bias):
+        x_shape, x_dtype = x.shape, x.dtype
+        want = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
 
         def backward(g):
             g2 = g.reshape(-1, g.shape[-1])
@@ -110,12 +113,14 @@ def linear(x, weight, bias, state):
                 state.observe(GRAD, amax_g)
             inv_g = T.reciprocal(sg)
             gx = gw = gb = None
-            if x.requires_grad:
-                gx = _matmul(g8, w8, inv_g, inv_w, False, False, x.dtype).reshape(x.shape)
-            if weight.requires_grad:
+            if want[0]:
+                gx = _matmul(g8, w8, inv_g, inv_w, False, False, x_dtype).reshape(x_shape)
+            if want[1]:
                 gw = _matmul(g8, x8, inv_g, inv_x, True, False, weight.dtype)
-            if bias is not None and bias.requires_grad:
-                gb = F.cast(F.sum(F.cast(g2, "float32"), 0), bias.dtype)
+            if want[2]:
+                # Column sums in the gradient's dtype (float32 accumulation inside sum), as the bias gradient of a
+                # 16-bit linear is: no float32 copy of g.
+                gb = F.cast(F.sum(g2, 0), bias.dtype)
             return gx, gw, gb
 
         dispatch.record(out, (x, weight, bias), backward, "fp8_linear")

@@ -127,6 +127,36 @@ def test_quantize_saturates_and_reports_amax(fmt, dtype):
     assert float(amax.item()) == np.float32(np.abs(xs).max())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_quantize_every_path_rounds_like_the_reference(fmt, dtype):
+    """Ties between codes, values beside them, subnormals, signed zeros and values past the top, scaled by a power of
+    two: the codes (value and sign) of a long tensor whose size and alignment allow wide loads (a GPU's vector
+    kernel), and of an unaligned view of it with an odd size (the one-element kernel), match the reference."""
+    g = rng()
+    vals, _ = finite_grid(fmt)
+    mids = (vals[1:] + vals[:-1]) / 2
+    beside = np.concatenate([mids * (1 + 2.0**-20), mids * (1 - 2.0**-20)])
+    spread = np.exp(g.uniform(np.log(vals[1] / 4), np.log(FMAX[fmt] * 2), 40000))
+    x = np.concatenate([spread, mids, beside, vals, [0.0, vals[1] / 2, vals[1] / 3, np.inf, FMAX[fmt] * 4]])
+    x = x * g.choice([-1.0, 1.0], x.size)
+    x = g.permutation(np.concatenate([x, np.zeros(-x.size % 64)]))  # a multiple of 8 elements
+    scale = 2.0 ** int(g.integers(-3, 4))
+    full = it.tensor((x / scale).astype(np.float32), device=DEVICE).to(dtype)
+    for t in (full, full[1:]):  # full[1:]: odd length, 2 or 4 bytes past an aligned start
+        xs = t.float().cpu().numpy().astype(np.float64)
+        out, amax = _quantize(t, scale, fmt)
+        got = out.float().cpu().numpy()
+        want = nearest(np.clip(xs * scale, -FMAX[fmt], FMAX[fmt]), fmt)
+        bad = ~same_each(got, want) | (np.signbit(got) != np.signbit(want))
+        assert not bad.any(), (xs[bad][:5], got[bad][:5], want[bad][:5])
+        assert float(amax.item()) == np.abs(xs).max()
+
+
+def same_each(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
 def test_quantize_nan_stays_nan_and_wins_amax(fmt):
     x = np.array([1.0, np.nan, -3.0, 2.0e6], dtype=np.float32)
     out, amax = _quantize(it.tensor(x, device=DEVICE), 1.0, fmt)
@@ -149,7 +179,8 @@ def test_matmul_against_float64(ta, tb, out_dtype, dtype):
     without a bias: out equals the float64 product of the float8 values, scaled, to the output dtype's rounding
     (the float32 accumulation of small integers is exact)."""
     g = rng()
-    m, k, n = 16 * int(g.integers(1, 4)), 16 * int(g.integers(1, 5)), 16 * int(g.integers(1, 4))
+    # Up to 208: several of a GPU transpose's 64 x 64 tiles, partial ones at the edges.
+    m, k, n = 16 * int(g.integers(1, 14)), 16 * int(g.integers(1, 14)), 16 * int(g.integers(1, 14))
     for b_fmt in (dtype,):
         a = np.round(g.standard_normal((k, m) if ta else (m, k)) * 6)
         b = np.round(g.standard_normal((n, k) if tb else (k, n)) * 6)
