@@ -8,6 +8,7 @@ that meet, running tensor hooks, and accumulating into leaves' .grad.
 
 import sys
 import threading
+import weakref
 
 _state = threading.local()
 
@@ -61,16 +62,74 @@ class Node:
     (native tensor, version) for each tensor the backward reads, to catch in-place writes since. With `fold` (an
     input's position), backward(grad, pending) also takes the gradient that input has gathered so far from its
     other uses (or None) and returns it added to its own, so the sum costs no separate pass (a norm's backward
-    adds the residual stream's gradient in its kernel)."""
+    adds the residual stream's gradient in its kernel). Inputs are kept as leaves (tensors) and Edges (op
+    results, held weakly: see Edge)."""
 
     __slots__ = ("backward", "inputs", "name", "saved", "fold")
 
     def __init__(self, backward, inputs, name, saved=(), fold=None):
         self.backward = backward
-        self.inputs = inputs
+        self.inputs = tuple(_entry(p) for p in inputs)
         self.name = name
         self.saved = saved
         self.fold = fold
+
+
+class Edge:
+    """An op result as a later node's input: the node that made it and its dtype, the tensor itself only weakly.
+    A result that no backward reads (a residual branch's output, a linear's input that FP8 saves as float8) is
+    freed when the program drops it instead of living until backward. One Edge per tensor and producing node, so
+    every use of the tensor meets in one gradient. A tensor with hooks or retain_grad is pinned (held strongly):
+    backward runs its hooks and fills its .grad as PyTorch does, even after the program dropped it."""
+
+    __slots__ = ("_node", "dtype", "_ref", "_pin")
+    requires_grad = True  # only results that require grad are recorded as inputs
+
+    def __init__(self, t):
+        self._node, self.dtype, self._ref, self._pin = t._node, t.dtype, weakref.ref(t), None
+        if t._hooks or t._retains_grad:
+            self._pin = t
+
+    def tensor(self):
+        return self._pin if self._pin is not None else self._ref()
+
+    @property
+    def _hooks(self):
+        t = self.tensor()
+        return t._hooks if t is not None else None
+
+    @property
+    def _retains_grad(self):
+        t = self.tensor()
+        return t is not None and t._retains_grad
+
+    def _accumulate_grad(self, g, sole=False):
+        self.tensor()._accumulate_grad(g, sole)
+
+    def _free(self, node):
+        """Backward is done with the producing node: a second one raises (on the tensor too, if alive)."""
+        t = self.tensor()
+        if t is not None and t._node is self._node:
+            t._node = node
+        self._node = node
+
+
+def _entry(t):
+    """What a node keeps of input t: None, a leaf tensor itself (its .grad is backward's result), or t's Edge."""
+    if t is None or t._node is None or isinstance(t, Edge):
+        return t
+    e = getattr(t, "_edge", None)
+    if e is None or e._node is not t._node:
+        e = Edge(t)
+        t._edge = e
+    return e
+
+
+def pin(t):
+    """Keeps an op result alive for backward once something (a hook, retain_grad) needs the tensor itself."""
+    e = getattr(t, "_edge", None)
+    if e is not None and e._node is t._node:
+        e._pin = t
 
 
 class GradFn:
@@ -124,6 +183,7 @@ def run_backward(root, grad=None, retain_graph=False):
             f"backward(): grad is {grad.dtype}{list(grad.shape)} on {grad.device}, "
             f"expected {root.dtype}{list(root.shape)} on {root.device}"
         )
+    root = _entry(root)
     grads = {id(root): grad}
     fused, fusion.on = fusion.on, False
     try:
@@ -234,7 +294,11 @@ def _run(root, grads, retain_graph, capture=None):
         in_grads = pg = prev = None  # no stray references: a leaf's gradient is handed over when it has no others
         if not retain_graph:
             # Drop the inputs (and the activations the closure holds) so the graph can be freed.
-            t._node = Node(_freed, (), node.name)
+            freed = Node(_freed, (), node.name)
+            if isinstance(t, Edge):
+                t._free(freed)
+            else:
+                t._node = freed
 
 
 def _freed(_):
@@ -278,7 +342,9 @@ def grad(
         seeds.append(g)
     root = type(outputs[0])(outputs[0]._t, True)
     root._node = Node(lambda _g: tuple(seeds), tuple(outputs), "grad")
-    capture = {id(t): None for t in inputs}
+    root = _entry(root)
+    entries = [_entry(t) for t in inputs]
+    capture = {id(e): None for e in entries}
     fused, fusion.on = fusion.on, False
     try:
         with no_grad():
@@ -286,8 +352,8 @@ def grad(
     finally:
         fusion.on = fused
     out = []
-    for t in inputs:
-        g = capture[id(t)]
+    for t, e in zip(inputs, entries, strict=True):
+        g = capture[id(e)]
         if g is None:
             if not allow_unused and not materialize_grads:
                 raise RuntimeError("autograd.grad: an input is not in the outputs' graph (pass allow_unused=True)")

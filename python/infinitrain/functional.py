@@ -733,8 +733,21 @@ def _binary(name, a, b, backward, saves=True):
         # Integer and bool tensors: exact in float64; true division gives float32 as in PyTorch.
         return _exact(name, [a, b], dtype="float32" if name == "div" else None)
     if _needs_grad(a, b):
-        _record(out, (a, b), lambda g: backward(g, a.detach(), b.detach()), name, (a, b) if saves else ())
+        if saves:
+            _record(out, (a, b), lambda g: backward(g, a.detach(), b.detach()), name, (a, b))
+        else:  # backward needs the shapes only: the inputs' memory is not held for it
+            sa, sb = _Shape(a.shape), _Shape(b.shape)
+            _record(out, (a, b), lambda g: backward(g, sa, sb), name)
     return out
+
+
+class _Shape:
+    """An input as a backward that reads only its shape sees it."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = shape
 
 
 def _add_backward(g, x, y):

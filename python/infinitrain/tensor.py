@@ -10,7 +10,7 @@ the op layer free of import cycles.
 
 import numpy as np
 
-from infinitrain import _C, dispatch, dtypes
+from infinitrain import _C, autograd, dispatch, dtypes
 from infinitrain import random as _random
 from infinitrain.runtime import device_object
 
@@ -29,7 +29,17 @@ def _check_dtype(dtype):
 
 
 class Tensor:
-    __slots__ = ("_t", "requires_grad", "grad", "_node", "_hooks", "_post_hooks", "_retains_grad", "__weakref__")
+    __slots__ = (
+        "_t",
+        "requires_grad",
+        "grad",
+        "_node",
+        "_hooks",
+        "_post_hooks",
+        "_retains_grad",
+        "_edge",
+        "__weakref__",
+    )
     # NumPy defers `array op tensor` to the tensor's reflected operator instead of converting the tensor.
     __array_priority__ = 1000
 
@@ -211,6 +221,7 @@ class Tensor:
         if self._hooks is None:
             self._hooks = []
         self._hooks.append(fn)
+        autograd.pin(self)
         return fn
 
     def register_post_accumulate_grad_hook(self, fn):
@@ -224,6 +235,7 @@ class Tensor:
 
     def retain_grad(self):
         self._retains_grad = True
+        autograd.pin(self)
 
     def _accumulate_grad(self, g, sole=False):
         """sole: nothing else references g or its memory, so its memory can become .grad (in a fresh wrapper, without

@@ -18,6 +18,7 @@ import infinitrain as it
 from infinitrain import fp8
 from infinitrain.compiler import fusing
 from infinitrain.models import GPT2, GPT2Config, LLaMA3, LLaMA3Config
+from infinitrain.runs import memory as runs_memory
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("device", "cuda", "Device to measure.")
@@ -54,22 +55,6 @@ def flops_per_token(model, n_params, seq):
     """6 N for the matmuls plus attention's 12 L T d (forward and backward), as llm.c and nanoGPT count."""
     cfg = model.config
     return 6 * n_params + 12 * cfg.n_layer * seq * cfg.n_embd
-
-
-def memory_by_category(params, opt, peak):
-    """The step's peak memory split into weights, gradients and optimizer state (the tensors themselves, in GB) and
-    the rest: activations, workspace and temporaries at the peak."""
-
-    def gb(tensors):
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None) / 1e9
-
-    parts = {
-        "weights": gb(params),
-        "grads": gb(p.grad for p in params),
-        "optimizer": gb(list(getattr(opt, "m", [])) + list(getattr(opt, "v", []))),
-    }
-    parts["activations_and_workspace"] = peak / 1e9 - sum(parts.values())
-    return parts
 
 
 def main(argv):
@@ -111,7 +96,7 @@ def main(argv):
         print(prof.table(top=FLAGS.top))
         prof.export_chrome_trace(FLAGS.profile)
     n_params = model.num_parameters()
-    memory = memory_by_category(params, opt, it.runtime.max_memory_allocated(device))
+    memory = runs_memory.by_category(params, opt, it.runtime.max_memory_allocated(device))
     tokens = FLAGS.batch * FLAGS.seq
     mfu = flops_per_token(model, n_params, FLAGS.seq) * tokens / med / (FLAGS.peak_tflops * 1e12)
     print(

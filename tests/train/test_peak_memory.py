@@ -1,8 +1,8 @@
-"""bench_gpu's peak-memory split: weights, gradients and optimizer state counted from the tensors themselves."""
+"""The peak-memory split bench_gpu prints: weights, gradients and optimizer state counted from the tensors."""
 
 import infinitrain as it
 from harness import DEVICE
-from infinitrain.tools import bench_gpu
+from infinitrain.runs import memory
 
 
 def test_memory_by_category_counts_weights_grads_and_adam_moments():
@@ -13,7 +13,7 @@ def test_memory_by_category_counts_weights_grads_and_adam_moments():
     opt.step()
     n = 96 * 80 + 80 + 80 * 8
     peak = 10**9  # 1 GB: the rest is what the three parts leave of it
-    got = bench_gpu.memory_by_category(params, opt, peak)
+    got = memory.by_category(params, opt, peak)
     want = {"weights": 4 * n, "grads": 4 * n, "optimizer": 8 * n, "activations_and_workspace": 10**9 - 16 * n}
     assert got.keys() == want.keys()
     for k, v in want.items():
