@@ -382,3 +382,18 @@ def test_embedding_pytorch_arguments():
     assert not frozen.weight.requires_grad
     with pytest.raises(NotImplementedError, match="max_norm"):
         nn.Embedding(5, 3, max_norm=1.0)
+
+
+def test_embedding_padding_idx_range():
+    """padding_idx is accepted in [-num_embeddings, num_embeddings), as in PyTorch: -n names row 0 (whose weight
+    starts at zero), while -n - 1 and n are rejected rather than wrapped."""
+    n = int(rng().integers(2, 9))
+    e = nn.Embedding(n, 3, padding_idx=-n, device=DEVICE, dtype="float64")
+    assert e.padding_idx == 0
+    w = e.weight.numpy()
+    np.testing.assert_array_equal(w[0], 0.0)
+    assert np.all(w[1:] != 0.0)
+    assert nn.Embedding(n, 3, padding_idx=-1, device=DEVICE).padding_idx == n - 1
+    for bad in (-n - 1, n):
+        with pytest.raises(ValueError, match="out of range"):
+            nn.Embedding(n, 3, padding_idx=bad, device=DEVICE)

@@ -207,3 +207,20 @@ def test_sequential_and_plateau():
     for _ in range(6):
         p.step(10)
     assert opt.param_groups[0]["lr"] == 0.2  # never below min_lr
+
+
+@pytest.mark.parametrize("threshold_mode", ["rel", "abs"])
+def test_plateau_max_mode_threshold(threshold_mode):
+    """In max mode a metric counts as better only above best * (1 + threshold) (rel) or best + threshold (abs):
+    with best 1.0 and threshold 0.1, 1.09 is a plateau step and 1.11 an improvement (worked out by hand)."""
+    opt = make_opt(1.0)
+    p = it.optim.lr_scheduler.ReduceLROnPlateau(
+        opt, mode="max", factor=0.5, patience=0, threshold=0.1, threshold_mode=threshold_mode
+    )
+    seen = []
+    for metric in [1.0, 1.09, 1.11, 1.2, 1.3]:
+        p.step(metric)
+        seen.append(opt.param_groups[0]["lr"])
+    # best: 1.0, 1.0 (bad), 1.11, 1.11 (bad: under 1.221 rel, 1.21 abs), 1.3
+    assert seen == [1.0, 0.5, 0.5, 0.25, 0.25]
+    assert p.best == 1.3

@@ -517,6 +517,18 @@ def test_einsum_errors():
         it.einsum("ij->i", t(f64(3, 4, 5)))
 
 
+def test_einsum_operands_as_one_list():
+    """PyTorch's einsum also takes the operands as one list or tuple: the same result as passing them one by one,
+    against np.einsum."""
+    arrays = [f64(2, 3), f64(3, 4), f64(4, 5)]
+    want = np.einsum("ij,jk,kl->il", *arrays)
+    ts = [t(a, "float64") for a in arrays]
+    for operands in (ts, tuple(ts)):
+        np.testing.assert_allclose(it.einsum("ij,jk,kl->il", operands).numpy(), want, rtol=1e-12, atol=1e-12)
+    a = f64(3, 3)
+    np.testing.assert_allclose(it.einsum("ii->i", [t(a, "float64")]).numpy(), np.diag(a), rtol=0, atol=0)
+
+
 # ---- types ---------------------------------------------------------------------------------------------------
 
 

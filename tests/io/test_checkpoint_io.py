@@ -1,5 +1,5 @@
 """Tests for infinitrain.checkpoint: the safetensors checkpoint format, the format-1 container it replaced (still
-read), atomic writes and llm.c model files."""
+read), atomic writes, llm.c model files, and it.save / it.load over it."""
 
 import hashlib
 import json
@@ -384,3 +384,31 @@ def test_llmc_model_unknown_version_and_bad_header(tmp_path):
         ckpt.write_llmc_model(path, [0] * 257, params)
     with pytest.raises(ValueError, match=r"does not fit 32 bits"):
         ckpt.write_llmc_model(path, [2**32], params)
+
+
+def test_it_save_load_keeps_every_dtype(tmp_path):
+    """it.save / it.load give back each tensor with its dtype and exact bits, bfloat16 and the others alike, both
+    through the saved structure and from a plain safetensors file (which loads as a dict of tensors)."""
+    import infinitrain as it
+    from harness import DEVICE
+
+    arrays = {
+        "f32": rng.standard_normal((3, 4)).astype(np.float32),
+        "f64": rng.standard_normal(5),
+        "i64": rng.integers(-(2**40), 2**40, size=6),
+    }
+    state = {k: it.tensor(v, dtype=str(v.dtype), device=DEVICE) for k, v in arrays.items()}
+    state["bf"] = it.tensor(arrays["f32"], dtype="bfloat16", device=DEVICE)
+    bf_bits = ckpt.float32_to_bf16_bits(arrays["f32"])  # round to nearest even, as the tensor conversion does
+    it.save(state, tmp_path / "s.safetensors")
+    back = it.load(tmp_path / "s.safetensors")
+    for k, v in arrays.items():
+        assert back[k].dtype == str(v.dtype)
+        np.testing.assert_array_equal(back[k].numpy(), v)
+    assert back["bf"].dtype == "bfloat16"
+    np.testing.assert_array_equal(back["bf"].numpy(), ckpt.bf16_bits_to_float32(bf_bits))
+    ckpt.save(tmp_path / "plain.safetensors", {"w": arrays["f32"], "b": bf_bits}, bf16={"b"})
+    plain = it.load(tmp_path / "plain.safetensors")
+    assert plain["w"].dtype == "float32" and plain["b"].dtype == "bfloat16"
+    np.testing.assert_array_equal(plain["w"].numpy(), arrays["f32"])
+    np.testing.assert_array_equal(plain["b"].numpy(), ckpt.bf16_bits_to_float32(bf_bits))

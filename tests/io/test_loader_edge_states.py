@@ -1,6 +1,8 @@
 """Loader edge cases: resuming from a state saved right after an epoch's last batch, a DeviceLoader's state
-(the batches handed out, not the one copied ahead), token_file_identity covering the file's last bytes, and the
-length of a utils.data.DataLoader over a sized IterableDataset with drop_last."""
+(the batches handed out, not the one copied ahead), token_file_identity covering the file's last bytes and recording
+its size, and the length of a utils.data.DataLoader over a sized IterableDataset with drop_last."""
+
+import os
 
 import numpy as np
 
@@ -75,3 +77,16 @@ def test_token_file_identity_sees_the_last_token(tmp_path):
     ida, idb = token_file_identity(a, samples=4, sample_bytes=16), token_file_identity(b, samples=4, sample_bytes=16)
     assert ida["size"] == idb["size"] and ida["n_tokens"] == idb["n_tokens"] == len(tokens)
     assert ida["sample_sha256"] != idb["sample_sha256"]
+
+
+def test_token_file_identity_size_is_the_file_size(tmp_path):
+    """The recorded size is the file's size on disk (header plus payload) for both token widths: resume compares
+    it against the data it is given, so it must describe the file, not the payload alone."""
+    g = np.random.default_rng()
+    for kind, dtype in (("gpt2", np.uint16), ("llama3", np.uint32)):
+        tokens = g.integers(0, 50000, size=int(g.integers(1, 600))).astype(dtype)
+        path = tmp_path / f"{kind}.bin"
+        write_tokens(path, tokens, kind=kind)
+        ident = token_file_identity(path)
+        assert ident["size"] == os.path.getsize(path)
+        assert ident["n_tokens"] == len(tokens) and ident["kind"] == kind

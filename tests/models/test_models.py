@@ -216,3 +216,29 @@ def test_llama3_config_rejects_bad_headers():
             LLaMA3Config(**kwargs)
     with pytest.raises(ValueError, match="top_k"):
         tiny("gpt2").generate(np.zeros((1, 2), np.int64), 1, top_k=0)
+
+
+def test_gpt2_config_sizes_start_at_one():
+    """Every GPT-2 size field must be at least 1: zero is rejected naming the field and its range, and a one-layer,
+    one-head model is a valid config."""
+    base = {"block_size": 8, "vocab_size": 5, "padded_vocab_size": 8, "n_layer": 1, "n_head": 1, "n_embd": 4}
+    GPT2Config(**base)
+    for field in base:
+        with pytest.raises(ValueError, match=rf"{field} must be in \[1, \d+\], got 0"):
+            GPT2Config(**{**base, field: 0})
+
+
+def test_generate_from_a_one_token_prompt():
+    """A prompt of one token per row is enough to sample from (greedy here: each new token is the argmax of the
+    last position's logits over the real vocabulary, worked out from the model's own forward); an empty prompt is
+    rejected."""
+    m = tiny("gpt2")
+    start = rng().integers(0, V, size=(2, 1))
+    got = m.generate(start, 3, temperature=0.0)
+    seq = start
+    for _ in range(3):
+        logits, _ = m(it.from_numpy(seq, device=DEVICE))
+        seq = np.concatenate([seq, logits.numpy()[:, -1, :V].argmax(-1)[:, None]], axis=1)
+    np.testing.assert_array_equal(got, seq)
+    with pytest.raises(ValueError, match="non-empty"):
+        m.generate(np.zeros((2, 0), np.int64), 3)
