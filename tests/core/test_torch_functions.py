@@ -193,6 +193,21 @@ def test_scatter_and_index_add():
     np.testing.assert_allclose(gs, np.take_along_axis(w, idx, 0))
 
 
+def test_tensor_index_add_takes_pytorchs_arguments():
+    """Tensor.index_add has PyTorch's signature: dim, index and source may be passed by name and alpha only by
+    name; the result is x with alpha * source's rows added at index (np.add.at), x itself unchanged."""
+    x, source = f64(4, 3), f64(5, 3)
+    rows = rng().integers(0, 4, 5)
+    want = x.copy()
+    np.add.at(want, rows, -1.5 * source)
+    xt = t(x, "float64")
+    got = xt.index_add(dim=0, index=t(rows), source=t(source, "float64"), alpha=-1.5)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(xt.numpy(), x)
+    with pytest.raises(TypeError):
+        xt.index_add(0, t(rows), t(source, "float64"), -1.5)
+
+
 def test_take_along_dim_masked_select_nonzero():
     x = f64(3, 4)
     idx = rng().integers(0, 4, (3, 2))

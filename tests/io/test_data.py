@@ -208,6 +208,19 @@ def test_tokenizer_load_errors(tmp_path):
         data.Tokenizer.load(path)
 
 
+@pytest.mark.parametrize("vocab", [0, 2**31, 2**32 - 1])
+def test_tokenizer_header_vocab_size_out_of_range(tmp_path, vocab):
+    """A header vocab size of 0, or past int32 ids (2**31 up to the field's 2**32 - 1), is reported as an
+    implausible header, not read on until the file looks truncated."""
+    path = tmp_path / "tok.bin"
+    _tokenizer_file(path, 20240328, 1, _random_pieces(int(rng.integers(1, 20))))
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<I", raw, 8, vocab)  # header word 2: the vocab size
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=rf"implausible vocab size {vocab}$"):
+        data.Tokenizer.load(path)
+
+
 def _random_text(n):
     # Code points from several planes, skipping surrogates, so UTF-8 has 1- to 4-byte sequences.
     cps = rng.choice(

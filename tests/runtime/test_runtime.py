@@ -66,6 +66,24 @@ def test_device_count():
         assert NDEV == int(os.environ.get("INFINITRAIN_SIM_DEVICES", "4")) == infinitrain_sim.device_count()
 
 
+def test_device_module_counts_only_the_provider_holding_the_slot(monkeypatch):
+    """One provider holds the device slot per process: its namespace counts its runtime's devices, another built-in
+    provider's namespace counts none (it cannot run here), and before any registers each counts its own. The build
+    under test may have no provider, so the providers, the slot and the runtime's counts are stood in for."""
+    from infinitrain import accelerator, backends
+
+    slot = {"info": None}
+    monkeypatch.setattr(backends, "available", lambda: ["alpha", "beta"])
+    monkeypatch.setattr(_C, "privateuse1", lambda: slot["info"])
+    monkeypatch.setattr(runtime, "device_count", {"alpha": 3, "beta": 2}.__getitem__)
+    alpha, beta = accelerator.DeviceModule("alpha"), accelerator.DeviceModule("beta")
+    assert (alpha.device_count(), beta.device_count()) == (3, 2)
+    slot["info"] = {"name": "alpha", "autocast_dtype": "bfloat16"}
+    assert (alpha.device_count(), beta.device_count()) == (3, 0)
+    assert alpha.is_available() and not beta.is_available()
+    assert accelerator.DeviceModule("gamma").device_count() == 0  # not built in
+
+
 @pytest.mark.skipif(TYPE == "cpu", reason="the cpu has one device")
 def test_bad_device_index_raises():
     for call in (
