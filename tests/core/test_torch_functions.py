@@ -193,6 +193,23 @@ def test_scatter_and_index_add():
     np.testing.assert_allclose(gs, np.take_along_axis(w, idx, 0))
 
 
+def test_list_indices_empty_and_out_of_range():
+    """List and array ids as NumPy takes them: an empty list selects no rows (shape (0, ...)), and an id outside
+    [-n, n) is an IndexError naming that id as given (-n - 1, not what it would wrap to) and the size."""
+    x = f64(4, 3)
+    xt = t(x, "float64")
+    for empty in ([], np.array([], np.int64)):
+        assert xt[empty].shape == x[empty].shape == (0, 3)
+        assert it.index_select(xt, 0, empty).shape == (0, 3)
+    rows = [int(i) for i in rng().integers(-4, 4, 5)]
+    np.testing.assert_array_equal(xt[rows].numpy(), x[rows])
+    for bad in (4, -5):
+        with pytest.raises(IndexError, match=rf"index {bad} is out of range for size 4"):
+            it.index_select(xt, 0, [0, bad])
+        with pytest.raises(IndexError, match=rf"index {bad} is out of range for size 4"):
+            xt[[bad, 1]]
+
+
 def test_tensor_index_add_takes_pytorchs_arguments():
     """Tensor.index_add has PyTorch's signature: dim, index and source may be passed by name and alpha only by
     name; the result is x with alpha * source's rows added at index (np.add.at), x itself unchanged."""

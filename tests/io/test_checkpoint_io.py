@@ -312,6 +312,27 @@ def test_llmc_model_layout_and_roundtrip(tmp_path):
     assert ckpt.header_float(header, 7) == struct.unpack("<f", struct.pack("<f", words[7]))[0]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_llmc_model_slices_read_their_own_values(tmp_path, dtype):
+    """flat[a:b] of an llm.c model file reads exactly parameters a..b from the file (float32, and bf16 widened),
+    for every tensor's range and random ranges: the same values as the whole vector read at once."""
+    words, params = _model(version=3 if dtype == np.float32 else 5)  # header[1] names the dtype
+    path = tmp_path / "m.bin"
+    ckpt.write_llmc_model(path, words, params, dtype=dtype)
+    _, flat = ckpt.read_llmc_model(path, 20240326, _count(params))
+    whole = np.asarray(flat)
+    ref = np.concatenate([p.ravel() for p in params])
+    if dtype == np.float32:
+        np.testing.assert_array_equal(whole, ref)
+    else:
+        np.testing.assert_array_equal(whole, ckpt.bf16_bits_to_float32(ckpt.float32_to_bf16_bits(ref)))
+    bounds = np.cumsum([0] + [p.size for p in params])
+    ranges = list(zip(bounds[:-1], bounds[1:], strict=True))
+    ranges += [tuple(sorted(rng.integers(0, len(ref) + 1, size=2))) for _ in range(10)]
+    for a, b in ranges:
+        np.testing.assert_array_equal(flat[int(a) : int(b)], whole[a:b])
+
+
 def test_llmc_model_wrong_magic(tmp_path):
     words, params = _model()
     path = tmp_path / "m.bin"

@@ -228,6 +228,23 @@ def test_gpt2_config_sizes_start_at_one():
             GPT2Config(**{**base, field: 0})
 
 
+def test_gpt2_init_scales_the_residual_projections():
+    """GPT-2's init (the paper's, llm.c's): weights N(0, 0.02^2), but the residual projections (attention and MLP
+    c_proj) N(0, (0.02 / sqrt(2 * n_layer))^2), biases zero. Sample std of the pooled weights within 5% (over
+    20000+ draws its standard error is 0.5%)."""
+    n_layer = int(rng().integers(1, 4))
+    m = GPT2(GPT2Config(block_size=8, vocab_size=64, padded_vocab_size=64, n_layer=n_layer, n_head=2, n_embd=64))
+    proj = np.concatenate(
+        [b.attn.c_proj.weight.numpy().ravel() for b in m.h] + [b.mlp.c_proj.weight.numpy().ravel() for b in m.h]
+    )
+    other = np.concatenate(
+        [b.attn.c_attn.weight.numpy().ravel() for b in m.h] + [b.mlp.c_fc.weight.numpy().ravel() for b in m.h]
+    )
+    assert proj.std() == pytest.approx(0.02 / np.sqrt(2 * n_layer), rel=0.05)
+    assert other.std() == pytest.approx(0.02, rel=0.05)
+    assert all(np.all(b.attn.c_proj.bias.numpy() == 0) and np.all(b.mlp.c_proj.bias.numpy() == 0) for b in m.h)
+
+
 def test_generate_from_a_one_token_prompt():
     """A prompt of one token per row is enough to sample from (greedy here: each new token is the argmax of the
     last position's logits over the real vocabulary, worked out from the model's own forward); an empty prompt is

@@ -1,7 +1,9 @@
-"""Tools' edge inputs: sample without a prompt (the end-of-text it starts from is not printed), and lora_bench's
-measurements of a tiny model (step time within the wall time, AdamW's state two float32 moments a parameter)."""
+"""Tools' edge inputs: sample without a prompt (the end-of-text it starts from is not printed), lora_bench's
+measurements of a tiny model (step time within the wall time, AdamW's state two float32 moments a parameter), and
+torch_bench's worker on our side (one step time a step, each within the wall time)."""
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -9,7 +11,7 @@ import numpy as np
 from infinitrain.data import ByteTokenizer
 from infinitrain.models import GPT2
 from infinitrain.models.gpt2 import GPT2Config
-from infinitrain.tools import lora_bench, sample
+from infinitrain.tools import lora_bench, sample, torch_bench
 
 
 def test_sample_without_prompt_drops_the_start_token(tmp_path, capsys):
@@ -43,3 +45,17 @@ def test_lora_bench_measures_a_tiny_model():
         assert 0 < r["ms"] < wall_ms / args.steps
         assert r["state_mib"] * 2**20 == 8 * r["trainable"]
         assert (r["trainable"] == r["total"]) == (rank == 0)
+
+
+def test_torch_bench_worker_times_each_step(monkeypatch, capsys):
+    """torch_bench's worker (our side) prints a JSON list of one duration a step: each positive, and together
+    within the call's wall time. A tiny model stands in for the benchmark's sizes."""
+    monkeypatch.setitem(torch_bench.MODELS, "tiny", (1, 2, 8, 16, 8, 2, 8))
+    steps = int(np.random.default_rng().integers(2, 4))
+    a = argparse.Namespace(side="ours", model="tiny", steps=steps, dtype="float32", threads=1, profile=False)
+    t0 = time.perf_counter()
+    torch_bench._worker(a)
+    wall = time.perf_counter() - t0
+    times = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(times) == steps
+    assert all(t > 0 for t in times) and sum(times) < wall
