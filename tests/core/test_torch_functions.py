@@ -193,6 +193,66 @@ def test_scatter_and_index_add():
     np.testing.assert_allclose(gs, np.take_along_axis(w, idx, 0))
 
 
+PROMOTIONS = [  # PyTorch's result_type for two tensors
+    ("float32", "float64", "float64"),
+    ("float32", "int64", "float32"),
+    ("bfloat16", "float32", "float32"),
+    ("int32", "int64", "int64"),
+    ("bool", "int64", "int64"),
+    ("bool", "float32", "float32"),
+]
+
+
+@pytest.mark.parametrize("da, db, want", PROMOTIONS, ids=[f"{a}-{b}" for a, b, _ in PROMOTIONS])
+def test_mixed_dtype_binary_ops_promote(da, db, want):
+    """Tensors of two dtypes meet at PyTorch's result dtype, in either order, for add, sub, mul and maximum; values
+    against float64 NumPy on inputs every dtype holds exactly (quarters in [-4, 4], 0/1 for bool)."""
+    g = rng()
+
+    def values(dtype):
+        if dtype == "bool":
+            return g.integers(0, 2, 6).astype(np.float64)
+        if dtype.startswith("int"):
+            return g.integers(-4, 5, 6).astype(np.float64)
+        return g.integers(-16, 17, 6) / 4.0
+
+    x, y = values(da), values(db)
+    a, b = t(x, da), t(y, db)
+    for fn, ref in ((it.add, np.add), (it.sub, np.subtract), (it.mul, np.multiply), (it.maximum, np.maximum)):
+        if fn is it.sub and "bool" in (da, db):
+            continue  # PyTorch refuses subtraction with a bool tensor
+        for p, q, u, v in ((a, b, x, y), (b, a, y, x)):
+            out = fn(p, q)
+            assert out.dtype == want, (fn.__name__, p.dtype, q.dtype)
+            np.testing.assert_array_equal(out.numpy().astype(np.float64), ref(u, v))
+
+
+def test_mixed_float_dtypes_gradients_keep_each_dtype():
+    """a (float32) * b (float64) runs in float64; each input's gradient comes back in its own dtype, equal to the
+    other input (rounded to float32 for a)."""
+    x, y = f64(5), f64(5)
+    a, b = t(x, "float32", requires_grad=True), t(y, "float64", requires_grad=True)
+    out = a * b
+    assert out.dtype == "float64"
+    np.testing.assert_allclose(out.numpy(), x.astype(np.float32).astype(np.float64) * y, rtol=1e-15)
+    out.sum().backward()
+    assert a.grad.dtype == "float32" and b.grad.dtype == "float64"
+    np.testing.assert_array_equal(a.grad.numpy(), y.astype(np.float32))
+    np.testing.assert_array_equal(b.grad.numpy(), x.astype(np.float32).astype(np.float64))
+
+
+def test_one_hot_ids_in_range():
+    """one_hot accepts any ids in [0, num_classes), whether or not class 0 occurs (rows of np.eye), infers
+    num_classes as max + 1, and rejects a negative id or one past num_classes."""
+    ids = rng().integers(1, 6, size=(3, 4))  # no class 0
+    np.testing.assert_array_equal(it.nn.functional.one_hot(t(ids), 6).numpy(), np.eye(6, dtype=np.int64)[ids])
+    inferred = it.nn.functional.one_hot(t(ids)).numpy()
+    np.testing.assert_array_equal(inferred, np.eye(ids.max() + 1, dtype=np.int64)[ids])
+    for bad in ([2, -1], [0, 6]):
+        with pytest.raises(ValueError, match=r"class ids must be in \[0, 6\)"):
+            it.nn.functional.one_hot(t(bad), 6)
+
+
 def test_list_indices_empty_and_out_of_range():
     """List and array ids as NumPy takes them: an empty list selects no rows (shape (0, ...)), and an id outside
     [-n, n) is an IndexError naming that id as given (-n - 1, not what it would wrap to) and the size."""
