@@ -142,6 +142,30 @@ def test_llama3_header_floats(tmp_path):
     assert floats[8] == 1.0 and floats[10] == 2.0**-17 and floats[11] == 10000.0
 
 
+def test_llama3_llmc_layouts(tmp_path):
+    """save_llmc's two header layouts: "llmc" (llm.c's train_llama3.py: 256 int words, then 256 float words) makes
+    a file 1024 bytes longer than "infinitrain" with the same parameters after the header, and both load back to
+    the same config and outputs; any other layout name is refused and writes nothing."""
+    m = tiny("llama3")
+    ours, theirs = tmp_path / "ours.bin", tmp_path / "llmc.bin"
+    m.save_llmc(ours, layout="infinitrain")
+    m.save_llmc(theirs, layout="llmc")
+    a, b = ours.read_bytes(), theirs.read_bytes()
+    assert len(b) == len(a) + 1024 and a[1024:] == b[2048:]
+    words = np.frombuffer(b[:2048], dtype="<i4")
+    assert list(words[2:8]) == [T, V, 2, 4, 2, 32]
+    assert words[256:259].view("<f4").tolist() == [1.0, 2.0**-17, 10000.0]
+    x = it.from_numpy(batch()[:, :-1], device=DEVICE)
+    for path in (ours, theirs):
+        loaded = LLaMA3.from_llmc(path, DEVICE)
+        assert dataclasses.asdict(loaded.config) == pytest.approx(dataclasses.asdict(m.config), rel=1e-6)
+        np.testing.assert_array_equal(loaded(x)[0].numpy(), m(x)[0].numpy())
+    for bad in ("hf", "gguf", "safetensors"):
+        with pytest.raises(ValueError, match="layout must be 'infinitrain' or 'llmc'"):
+            m.save_llmc(tmp_path / f"{bad}.bin", layout=bad)
+        assert not (tmp_path / f"{bad}.bin").exists()
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama3"])
 def test_corrupt_llmc_files_are_refused(kind, tmp_path):
     m = tiny(kind)
