@@ -455,3 +455,24 @@ def test_balanced_split():
     assert sum(sizes) == 8 and sizes[-1] == 1 and max(sizes[:-1]) == 3, sizes
     with pytest.raises(ValueError, match="cannot fill"):
         split_layers([10] * 2, 3)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_to_keeps_this_ranks_chunk(dim):
+    """scatter_to's forward is local: rank r of n keeps chunk r of n along dim (np.split), and a dim that n does
+    not divide is refused. It reads only the group's size and rank, so a stand-in group serves (no collective)."""
+    from types import SimpleNamespace
+
+    import infinitrain as it
+    from infinitrain.parallel import mappings
+
+    x = np.random.default_rng().standard_normal((4, 6, 8))
+    xt = it.tensor(x, device=DEVICE)
+    for n in (2, 3, 4):
+        for r in range(n):
+            group = SimpleNamespace(size=n, rank=r)
+            if x.shape[dim] % n:
+                with pytest.raises(ValueError, match=f"not divisible by {n} ranks"):
+                    mappings.scatter_to(xt, group, dim)
+                continue
+            np.testing.assert_array_equal(mappings.scatter_to(xt, group, dim).numpy(), np.split(x, n, axis=dim)[r])

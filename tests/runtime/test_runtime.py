@@ -5,6 +5,7 @@ cannot touch, INFINITRAIN_SIM_* settings, errors surfacing at the next synchroni
 """
 
 import gc
+import math
 import os
 import signal
 import subprocess
@@ -82,6 +83,26 @@ def test_device_module_counts_only_the_provider_holding_the_slot(monkeypatch):
     assert (alpha.device_count(), beta.device_count()) == (3, 0)
     assert alpha.is_available() and not beta.is_available()
     assert accelerator.DeviceModule("gamma").device_count() == 0  # not built in
+
+
+def test_device_module_grad_scaler_has_pytorchs_defaults():
+    """it.cuda.amp.GradScaler() (any device module's) starts at 2**16 and, with PyTorch's defaults, doubles the
+    scale after 2000 good steps (not 1999) and halves it after a skipped one."""
+    import infinitrain as it
+
+    scaler = it.cuda.amp.GradScaler()
+    assert scaler.get_scale() == 2.0**16
+    for _ in range(1999):
+        scaler.update()
+    assert scaler.get_scale() == 2.0**16
+    scaler.update()
+    assert scaler.get_scale() == 2.0**17
+    w = it.nn.Parameter(it.zeros(2, device=DEVICE))
+    w.grad = it.tensor([math.inf, 1.0], device=DEVICE)
+    assert scaler.step(it.optim.SGD([w], lr=0.1)) is None  # skipped: the gradient overflowed
+    scaler.update()
+    assert scaler.get_scale() == 2.0**16
+    np.testing.assert_array_equal(w.numpy(), 0.0)
 
 
 @pytest.mark.skipif(TYPE == "cpu", reason="the cpu has one device")

@@ -1,8 +1,10 @@
 """Messages a new user meets on the way through the README and docs: --help succeeds and names the command, the
 corpus download says what it does and, without network, suggests --input_bin, an unknown provider names the
---config to build, and importing the package from a checkout without a build says what to run."""
+--config to build, importing the package from a checkout without a build says what to run, and the progress bar
+on a terminal fills in proportion to the steps done."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,3 +63,21 @@ def test_import_without_a_build_says_what_to_run(tmp_path):
     )
     assert p.returncode != 0
     assert "./bazelw run //python:develop" in p.stderr and "circular import" not in p.stderr, p.stderr
+
+
+def test_progress_bar_fills_in_proportion(capsys, monkeypatch):
+    """On a terminal the bar is 30 cells, floor(30 * done / total) of them filled, followed by done/total; off a
+    terminal it writes nothing."""
+    from infinitrain.training.trainer import Progress
+
+    assert not Progress(10).on  # captured stderr is no terminal
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    total = 7
+    bar = Progress(total)
+    for done in range(total + 1):
+        bar.show(done, loss=1.5)
+        line = capsys.readouterr().err
+        m = re.fullmatch(r"\r\[(#*)(\.*)\] (\d+)/(\d+) eta \d+s loss 1\.5000", line)
+        assert m, line
+        assert len(m[1]) == 30 * done // total and len(m[1]) + len(m[2]) == 30
+        assert (int(m[3]), int(m[4])) == (done, total)

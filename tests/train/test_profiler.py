@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import infinitrain as it
 from harness import DEVICE, rng
@@ -46,6 +47,24 @@ def test_profile_records_every_dispatched_op(tmp_path):
     assert [r.op for r in paused.records] == ["matmul", "exp"]
     assert [r.session for r in paused.records] == [0, 1]
     assert paused.records[1].host_start_us > paused.records[0].host_start_us  # one clock across the pause
+
+
+def test_summary_sums_each_ops_records():
+    """summary() per op: the number of records, their device milliseconds summed, and their host microseconds
+    summed in milliseconds (the records' own fields added up here)."""
+    a = it.from_numpy(rng().standard_normal((32, 32)), device=DEVICE)
+    with it.profiler.profile() as prof:
+        b = a
+        for _ in range(3):
+            b = (b @ a).tanh()
+    b.numpy()
+    summary = prof.summary()
+    assert set(summary) == {r.op for r in prof.records} == {"matmul", "tanh"}
+    for op, s in summary.items():
+        mine = [r for r in prof.records if r.op == op]
+        assert s["calls"] == len(mine) == 3
+        assert s["device_ms"] == sum(r.device_ms for r in mine)
+        assert s["host_ms"] == pytest.approx(sum(r.host_us for r in mine) / 1000.0, rel=1e-12, abs=0)
 
 
 def check_chrome_trace(trace):

@@ -5,6 +5,7 @@ are compared with float64 NumPy references or with AdamW's formula."""
 import math
 import os
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -191,17 +192,21 @@ def test_learning_rate_and_warmup_schedule(model_file, tokens):
         assert abs(out[s + 1][1] - want) <= 0.006 * want, (s, out[s + 1][1], want)  # printed to 3 digits
 
 
-def test_sampling_uses_the_tokenizer_and_the_model(model_file, tokens, tmp_path):
+@pytest.mark.parametrize("eot", [17, None])
+def test_sampling_uses_the_tokenizer_and_the_model(model_file, tokens, tmp_path, eot):
     """A sample at step 1 is the tokenizer's decoding of tokens drawn (top-k 40, temperature 1, seeded with --seed)
-    from the model's distribution after step 1, starting from the end-of-text token."""
+    from the model's distribution after step 1, starting from the end-of-text token, or from token 0 when the
+    tokenizer has none (a version-1 file of another vocabulary than GPT-2's)."""
     import infinitrain as it
     from infinitrain.models import GPT2
 
     path, _ = model_file
     pieces = [f"<{i}>".encode() for i in range(V)]
-    eot = 17
+    raw = bytearray(ref.tokenizer_bytes(pieces, 0 if eot is None else eot))
+    if eot is None:
+        struct.pack_into("<i", raw, 4, 1)  # header word 1: version 1, which has no end-of-text id
     tok = tmp_path / "tok.bin"
-    tok.write_bytes(ref.tokenizer_bytes(pieces, eot))
+    tok.write_bytes(bytes(raw))
     ckpt = str(tmp_path / "ckpt")
     out = run_train(*base(path, tokens, ckpt), f"--tokenizer_bin={tok}", "--sample_every=1", "--sample_length=6").stdout
     m = re.search(r"--- sample at step 1 ---\n(.*)\n---", out)
@@ -212,7 +217,7 @@ def test_sampling_uses_the_tokenizer_and_the_model(model_file, tokens, tmp_path)
     model = GPT2.from_llmc(path, DEVICE)
     model.load_state_dict(model_tensors(ckpt_tensors(ckpt, 1)))
     draw = np.random.default_rng(5)
-    seq = [eot]
+    seq = [0 if eot is None else eot]
     for _ in range(6):
         logits = model(it.from_numpy(np.array([seq]), device=DEVICE))[0].numpy()[0, -1].astype(np.float64)
         kth = np.sort(logits)[-40]

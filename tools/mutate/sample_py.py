@@ -48,7 +48,7 @@ AREAS = {
     "accelerator.py": ["runtime"],
     "backends.py": ["runtime"],
     "runtime.py": ["runtime"],
-    "amp.py": ["train/test_precision.py", "core/test_nn_layers.py"],
+    "amp.py": ["train/test_precision.py", "core/test_nn_layers.py", "core/test_amp_edges.py"],
     "autograd.py": ["core/test_autograd.py", "core/test_option_effects.py"],
     "checkpoint.py": ["io/test_checkpoint_io.py"],
     "serialization.py": ["io/test_checkpoint_io.py"],
