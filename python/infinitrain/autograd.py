@@ -82,11 +82,11 @@ class Edge:
     every use of the tensor meets in one gradient. A tensor with hooks or retain_grad is pinned (held strongly):
     backward runs its hooks and fills its .grad as PyTorch does, even after the program dropped it."""
 
-    __slots__ = ("_node", "dtype", "_ref", "_pin")
-    requires_grad = True  # only results that require grad are recorded as inputs
+    __slots__ = ("_node", "dtype", "requires_grad", "_ref", "_pin")
 
     def __init__(self, t):
-        self._node, self.dtype, self._ref, self._pin = t._node, t.dtype, weakref.ref(t), None
+        self._node, self.dtype, self.requires_grad = t._node, t.dtype, t.requires_grad
+        self._ref, self._pin = weakref.ref(t), None
         if t._hooks or t._retains_grad:
             self._pin = t
 
@@ -119,7 +119,7 @@ def _entry(t):
     if t is None or t._node is None or isinstance(t, Edge):
         return t
     e = getattr(t, "_edge", None)
-    if e is None or e._node is not t._node:
+    if e is None or e._node is not t._node or e.requires_grad != t.requires_grad:
         e = Edge(t)
         t._edge = e
     return e
