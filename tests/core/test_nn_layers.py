@@ -194,6 +194,36 @@ def test_pad_modes():
     np.testing.assert_array_equal(got.numpy(), np.pad(x, ((0, 0), (0, 1), (1, 2)), constant_values=3.5))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_weight_of_another_dtype(reduction):
+    """A class weight of another dtype than the log-probabilities (float64 for float32 here) is taken in the
+    input's dtype: the loss and the input's gradient stay float32, and equal the float64 reference on the
+    float32-rounded inputs within float32 rounding."""
+    g = rng()
+    lp = np.log(g.dirichlet(np.ones(5), size=6))
+    tgt = g.integers(0, 5, 6)
+    w = g.uniform(0.2, 2.0, 5)
+    lp32, w32 = lp.astype(np.float32).astype(np.float64), w.astype(np.float32).astype(np.float64)
+    rows = -lp32[np.arange(6), tgt] * w32[tgt]
+    want = {"mean": rows.sum() / w32[tgt].sum(), "sum": rows.sum(), "none": rows}[reduction]
+    x = t(lp, "float32", requires_grad=True)
+    out = F.nll_loss(x, it.tensor(tgt, device=DEVICE), weight=t(w, "float64"), reduction=reduction)
+    assert out.dtype == "float32"
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5)
+    out.sum().backward()
+    assert x.grad.dtype == "float32"
+
+
+def test_constant_pad_refuses_negative_amounts():
+    """Constant padding takes amounts >= 0 on either side (zero adds nothing, as np.pad); a negative one, even -1 on
+    one side, is refused rather than cropping or padding something else."""
+    x = f64(2, 3)
+    np.testing.assert_array_equal(F.pad(t(x), (0, 0, 0, 1)).numpy(), np.pad(x, ((0, 1), (0, 0))))
+    for pad in ((-1, 0), (0, -1), (-1, -1), (1, 1, -1, 0), (0, 0, 2, -1)):
+        with pytest.raises(NotImplementedError, match="negative padding"):
+            F.pad(t(x), pad)
+
+
 def test_group_norm():
     x = f64(3, 6, 4, 5)
     w, b = f64(6), f64(6)

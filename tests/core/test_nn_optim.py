@@ -202,6 +202,22 @@ def test_warmup_cosine_schedule():
     assert opt.lr == pytest.approx(2.0)
 
 
+def test_warmup_cosine_min_lr_ratio_bounds():
+    """min_lr_ratio is any value in [0, 1]: 0 decays to zero (the cosine's end point, 0.5 * (1 + cos(pi)) = 0) and
+    1 holds max_lr after warmup; outside [0, 1] or NaN is refused."""
+    for ratio, end in ((0.0, 0.0), (1.0, 2.0)):
+        opt = SGD([nn.Parameter(t(np.ones(2)))], lr=2.0)
+        sched = WarmupCosine(opt, 2, 6, min_lr_ratio=ratio)
+        seen = [opt.lr] + [sched.step() for _ in range(7)]
+        assert seen[:2] == [1.0, 2.0]  # warmup: (step + 1) / 2 * max_lr
+        assert seen[6:] == [end, end]
+        if ratio == 1.0:
+            assert seen[2:] == [2.0] * 6
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(ValueError, match="min_lr_ratio must be in"):
+            WarmupCosine(SGD([nn.Parameter(t(np.ones(2)))], lr=2.0), 2, 6, min_lr_ratio=bad)
+
+
 @pytest.mark.parametrize("max_norm", [0.5, 100.0])
 def test_clip_grad_norm(max_norm):
     ps = [nn.Parameter(t(np.zeros(s))) for s in [(3, 4), (5,), (2, 2, 2)]]

@@ -1,6 +1,6 @@
 """Optimizers and learning-rate schedules with PyTorch's names: RMSprop, Adagrad, SGD's dampening and maximize,
 Adam's decoupled_weight_decay, AdamW's fused/foreach switches, and the lr_scheduler classes, against the update
-formulas and schedules written out in float64 NumPy."""
+formulas and schedules written out in float64 NumPy; and the train CLI's Schedule (InfiniTrain's definitions)."""
 
 import math
 
@@ -9,6 +9,7 @@ import pytest
 
 import infinitrain as it
 from harness import DEVICE, rng
+from infinitrain.optim.schedule import Schedule
 
 
 def param(a):
@@ -224,3 +225,23 @@ def test_plateau_max_mode_threshold(threshold_mode):
     # best: 1.0, 1.0 (bad), 1.11, 1.11 (bad: under 1.221 rel, 1.21 abs), 1.3
     assert seen == [1.0, 0.5, 0.5, 0.25, 0.25]
     assert p.best == 1.3
+
+
+def test_learning_rate_schedules_follow_infinitrain():
+    """The train CLI's Schedule: warmup from warmup_init, then each --lr_decay_style as InfiniTrain writes it
+    (optim/schedule.py's docstring), min_lr after decay_iters; style none is lr throughout."""
+    lr, lo = 1.0, 0.1
+    W, D = 4, 14  # warmup 4 steps, decay over the next 10
+    warm = [0.2 + (lr - 0.2) * s / W for s in range(W)]
+    for style, after in (
+        ("constant", [lr] * 10 + [lr] * 3),
+        ("linear", [lr + (lo - lr) * t / 10 for t in range(10)] + [lo] * 3),
+        ("cosine", [lo + 0.5 * (1 + math.cos(math.pi * t / 10)) * (lr - lo) for t in range(10)] + [lo] * 3),
+        ("inverse-square-root", [max(lo, lr * math.sqrt(W / s)) for s in range(W, D + 1)] + [lo] * 2),
+    ):
+        sched = Schedule(lr, style=style, warmup_iters=W, warmup_init=0.2, min_lr=lo, decay_iters=D)
+        assert [sched(s) for s in range(D + 3)] == pytest.approx(warm + after, rel=1e-12), style
+    none = Schedule(lr, style="none", warmup_iters=W, min_lr=lo, decay_iters=D)
+    assert [none(s) for s in range(D + 3)] == [lr] * (D + 3)
+    with pytest.raises(ValueError, match="min_lr"):
+        Schedule(lr, style="cosine", min_lr=2.0, decay_iters=D)

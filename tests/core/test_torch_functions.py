@@ -253,6 +253,35 @@ def test_one_hot_ids_in_range():
             it.nn.functional.one_hot(t(bad), 6)
 
 
+@pytest.mark.parametrize(
+    "shape, sizes", [((3,), (2, 3)), ((2, 3), (2, 1, 3)), ((2, 3), (4, 2, 1, 2)), ((2, 3), (2, 2))]
+)
+def test_tensor_repeat_matches_np_tile(shape, sizes):
+    """Tensor.repeat tiles like np.tile, also with more sizes than dims (new leading dims); its gradient sums the
+    output's gradient over the copies (the tiled weight's blocks added up)."""
+    x = f64(*shape)
+    np.testing.assert_array_equal(t(x, "float64").repeat(*sizes).numpy(), np.tile(x, sizes))
+    np.testing.assert_array_equal(t(x, "float64").repeat(list(sizes)).numpy(), np.tile(x, sizes))
+    (g,), w = grad_of(lambda a: a.repeat(*sizes), x)
+    lead = len(sizes) - len(shape)
+    blocks = w.reshape([v for r, s in zip(sizes, (1,) * lead + shape, strict=True) for v in (r, s)])
+    want = blocks.sum(axis=tuple(range(0, 2 * len(sizes), 2))).reshape(shape)
+    np.testing.assert_allclose(g, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="sizes for a"):
+        t(x, "float64").repeat(*sizes[: len(shape) - 1])
+
+
+def test_cat_joins_along_dim_0_by_default():
+    """cat without dim joins along the first dim (np.concatenate's and PyTorch's default), for 1-d and 2-d tensors
+    of different lengths there; its gradient splits back into the pieces."""
+    a, b = f64(2, 3), f64(4, 3)
+    np.testing.assert_array_equal(it.cat([t(a, "float64"), t(b, "float64")]).numpy(), np.concatenate([a, b]))
+    np.testing.assert_array_equal(it.concat((t(a[0], "float64"), t(b[1], "float64"))).numpy(), np.r_[a[0], b[1]])
+    (ga, gb), w = grad_of(lambda x, y: it.cat([x, y]), a, b)
+    np.testing.assert_array_equal(ga, w[:2])
+    np.testing.assert_array_equal(gb, w[2:])
+
+
 def test_list_indices_empty_and_out_of_range():
     """List and array ids as NumPy takes them: an empty list selects no rows (shape (0, ...)), and an id outside
     [-n, n) is an IndexError naming that id as given (-n - 1, not what it would wrap to) and the size."""

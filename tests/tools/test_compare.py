@@ -118,6 +118,19 @@ def test_thresholds_follow_the_dtype_and_throughput(dtype, delta, ratio, status,
     assert rc == status
 
 
+@pytest.mark.parametrize("ratio, words", [(1.1, "10.0% faster"), (0.9, "10.0% slower"), (1.0, "0.0% faster")])
+def test_throughput_line_says_how_much_faster_or_slower(ratio, words, tmp_path, capsys):
+    """The throughput verdict names the median tokens/s of each run and b's speed relative to a in percent
+    (1100 vs 1000 tok/s: 10.0% faster; 900: 10.0% slower), within the 20% threshold."""
+    losses = (5.0 - np.arange(6) * 0.1).tolist()
+    write_metrics(tmp_path / "a.jsonl", "float32", losses, [1000.0] * 6)
+    write_metrics(tmp_path / "b.jsonl", "float32", losses, [1000.0 * ratio] * 6)
+    C.main([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), f"--out={tmp_path / 'out'}"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("throughput:"))
+    assert line.startswith("throughput: PASS: median 1000 tok/s (") and f") vs {1000 * ratio:.0f} (" in line, line
+    assert line.endswith(f" is {words} (threshold 20%)"), line
+
+
 def test_bad_input_is_one_line(tmp_path, capsys):
     assert C.main([str(tmp_path / "nothing"), str(tmp_path), f"--out={tmp_path / 'o'}"]) == 2
     err = capsys.readouterr().err

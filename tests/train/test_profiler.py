@@ -67,6 +67,29 @@ def test_summary_sums_each_ops_records():
         assert s["host_ms"] == pytest.approx(sum(r.host_us for r in mine) / 1000.0, rel=1e-12, abs=0)
 
 
+def test_table_rows_follow_the_summary():
+    """table(): one row per op, most device time first, with calls, device ms, its share of the total, device
+    microseconds per call (1000 * device ms / calls) and host ms, each formatted from summary(); then the total."""
+    a = it.from_numpy(rng().standard_normal((32, 32)), device=DEVICE)
+    with it.profiler.profile() as prof:
+        b = a
+        for _ in range(3):
+            b = (b @ a).tanh() + a
+    b.numpy()
+    summary = prof.summary()
+    total = sum(s["device_ms"] for s in summary.values()) or 1.0
+    lines = prof.table(top=10).splitlines()
+    assert lines[0] == "| op | calls | device ms | share | device us/call | host ms |"
+    rows = [line.strip("|").split(" | ") for line in lines[2:-1]]
+    assert [r[0].strip() for r in rows] == sorted(summary, key=lambda op: (-summary[op]["device_ms"], op))
+    for r in rows:
+        s = summary[r[0].strip()]
+        want = [str(s["calls"]), f"{s['device_ms']:.2f}", f"{100.0 * s['device_ms'] / total:.1f}%"]
+        want += [f"{1000.0 * s['device_ms'] / s['calls']:.1f}", f"{s['host_ms']:.2f}"]
+        assert [v.strip() for v in r[1:]] == want, r
+    assert lines[-1].startswith(f"| all {len(summary)} ops | {len(prof.records)} | {total:.2f} | 100% |")
+
+
 def check_chrome_trace(trace):
     """Chrome's trace-event format: complete events (X) with numeric times on integer pid/tid tracks, and
     metadata events (M) naming every track used."""

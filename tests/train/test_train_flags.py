@@ -4,7 +4,6 @@ TensorBoard files, and activation recompute (same loss and gradients, less memor
 
 import gc
 import json
-import math
 import os
 import re
 import subprocess
@@ -19,7 +18,6 @@ from harness import run_train_in_process as run_in_process
 from infinitrain.data import DataLoader, read_tokens, write_tokens
 from infinitrain.models import registry as R
 from infinitrain.nn import recompute
-from infinitrain.optim.schedule import Schedule
 from infinitrain.runs import read_metrics
 from infinitrain.runs.tensorboard import crc32c, read_scalars
 
@@ -193,26 +191,6 @@ def test_presets_build_the_documented_shapes():
         spec = R.resolve(name, shape={}, sequence_length=32, vocab_size=100)
         fields = dict(spec.fields, vocab_size=spec.fields.get("padded_vocab_size", 100))  # GPT-2 pads its table
         assert spec.build("cpu").num_parameters() == count(fields), name
-
-
-# ---- schedules ------------------------------------------------------------------------------------------------
-
-
-def test_learning_rate_schedules_follow_infinitrain():
-    lr, lo = 1.0, 0.1
-    W, D = 4, 14  # warmup 4 steps, decay over the next 10
-    warm = [0.2 + (lr - 0.2) * s / W for s in range(W)]
-    for style, after in (
-        ("constant", [lr] * 10 + [lr] * 3),
-        ("linear", [lr + (lo - lr) * t / 10 for t in range(10)] + [lo] * 3),
-        ("cosine", [lo + 0.5 * (1 + math.cos(math.pi * t / 10)) * (lr - lo) for t in range(10)] + [lo] * 3),
-        ("inverse-square-root", [max(lo, lr * math.sqrt(W / s)) for s in range(W, D + 1)] + [lo] * 2),
-    ):
-        sched = Schedule(lr, style=style, warmup_iters=W, warmup_init=0.2, min_lr=lo, decay_iters=D)
-        assert [sched(s) for s in range(D + 3)] == pytest.approx(warm + after, rel=1e-12), style
-    assert Schedule(lr, style="none", warmup_iters=W, min_lr=lo, decay_iters=D)(0) == lr
-    with pytest.raises(ValueError, match="min_lr"):
-        Schedule(lr, style="cosine", min_lr=2.0, decay_iters=D)
 
 
 # ---- runs -----------------------------------------------------------------------------------------------------
