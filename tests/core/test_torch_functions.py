@@ -282,6 +282,25 @@ def test_cat_joins_along_dim_0_by_default():
     np.testing.assert_array_equal(gb, w[2:])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_bthd_default_scale(causal):
+    """attention_bthd (q [B, T, Hq, D], k, v [B, S, Hkv, D]) scales the scores by 1 / sqrt(D) unless told otherwise:
+    against softmax(q k^T / sqrt(D)) v in float64 NumPy, with grouped kv heads (each serving Hq / Hkv queries)."""
+    B, T, Hq, Hkv, D = 2, 5, 4, 2, 8
+    q, k, v = f64(B, T, Hq, D), f64(B, T, Hkv, D), f64(B, T, Hkv, D)
+    kr, vr = np.repeat(k, Hq // Hkv, axis=2), np.repeat(v, Hq // Hkv, axis=2)
+    scores = np.einsum("bthd,bshd->bhts", q, kr) / math.sqrt(D)
+    if causal:
+        scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = np.einsum("bhts,bshd->bthd", p, vr)
+    got = it.functional.attention_bthd(t(q), t(k), t(v), is_causal=causal)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+    half = it.functional.attention_bthd(t(q), t(k), t(v), is_causal=causal, scale=0.5 / math.sqrt(D))
+    assert not np.allclose(half.numpy(), want)  # the scale is used, not fixed
+
+
 def test_list_indices_empty_and_out_of_range():
     """List and array ids as NumPy takes them: an empty list selects no rows (shape (0, ...)), and an id outside
     [-n, n) is an IndexError naming that id as given (-n - 1, not what it would wrap to) and the size."""
@@ -629,6 +648,26 @@ def test_einsum(eq, shapes):
         num = numeric_grad(lambda *xs: np.einsum(eq, *xs), arrays, w)
         for g, n in zip(grads, num, strict=True):
             np.testing.assert_allclose(g, n, rtol=1e-5, atol=1e-7)
+
+
+def test_einsum_contracts_each_label_as_soon_as_it_can():
+    """A chain "ij,jk,kl->il" contracts j with the second operand and k with the third: the peak memory beyond the
+    inputs is that of the [2, 300] and [2, 2] intermediates (kilobytes), not of an [2, 300, 300, 2] array holding j
+    and k to the end (2.9 MB). Values against np.einsum."""
+    import gc
+
+    arrays = [f64(2, 300), f64(300, 300), f64(300, 2)]
+    ts = [t(a, "float64") for a in arrays]
+    dev = it.runtime.parse_device(DEVICE)
+    gc.collect()
+    it.runtime.synchronize(dev)
+    it.runtime.reset_peak_memory_stats(dev)
+    before = it.runtime.memory_allocated(dev)
+    got = it.einsum("ij,jk,kl->il", *ts)
+    it.runtime.synchronize(dev)
+    peak = it.runtime.max_memory_allocated(dev) - before
+    np.testing.assert_allclose(got.numpy(), np.einsum("ij,jk,kl->il", *arrays), rtol=1e-10, atol=1e-12)
+    assert peak < 2 * 300 * 300 * 8, peak  # under one [2, 300, 300] float64 array
 
 
 def test_einsum_errors():
