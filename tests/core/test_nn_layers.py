@@ -214,6 +214,15 @@ def test_nll_loss_weight_of_another_dtype(reduction):
     assert x.grad.dtype == "float32"
 
 
+def test_softmax_and_log_softmax_default_to_the_last_dim():
+    """Without dim, F.softmax and F.log_softmax both normalise over the last dim (for any rank), so log_softmax(x)
+    is log(softmax(x)); against float64 NumPy on a 3-d input."""
+    x = f64(2, 3, 4)
+    lse = np.log(np.exp(x).sum(-1, keepdims=True))
+    np.testing.assert_allclose(F.log_softmax(t(x)).numpy(), x - lse, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(F.softmax(t(x)).numpy(), np.exp(x - lse), rtol=1e-12, atol=1e-12)
+
+
 def test_constant_pad_refuses_negative_amounts():
     """Constant padding takes amounts >= 0 on either side (zero adds nothing, as np.pad); a negative one, even -1 on
     one side, is refused rather than cropping or padding something else."""

@@ -227,6 +227,19 @@ def test_plateau_max_mode_threshold(threshold_mode):
     assert p.best == 1.3
 
 
+def test_sgd_nesterov_against_the_formula():
+    """SGD with nesterov=True (PyTorch's form): b = g on the first step, then b = momentum * b + g; the step uses
+    g + momentum * b (weight decay added to g first), written out in float64 NumPy."""
+    lr, mom, wd = 0.1, 0.9, 0.01
+    p0, grads, got = run(it.optim.SGD, steps=4, lr=lr, momentum=mom, nesterov=True, weight_decay=wd)
+    p, b = p0.copy(), None
+    for g in grads:
+        g = g + wd * p
+        b = g.copy() if b is None else mom * b + g
+        p = p - lr * (g + mom * b)
+    np.testing.assert_allclose(got, p, rtol=1e-12, atol=1e-14)
+
+
 def test_learning_rate_schedules_follow_infinitrain():
     """The train CLI's Schedule: warmup from warmup_init, then each --lr_decay_style as InfiniTrain writes it
     (optim/schedule.py's docstring), min_lr after decay_iters; style none is lr throughout."""

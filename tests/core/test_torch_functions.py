@@ -301,6 +301,18 @@ def test_attention_bthd_default_scale(causal):
     assert not np.allclose(half.numpy(), want)  # the scale is used, not fixed
 
 
+def test_getitem_with_ellipsis_and_multi_dim_masks():
+    """Ellipsis anywhere in an index, and a boolean mask over several dims at the front or after a slice, select
+    as NumPy does (values compared exactly)."""
+    x = f64(2, 3, 4, 5)
+    xt = t(x, "float64")
+    for idx in ((..., 1), (0, ..., 2), (0, 1, ..., 2), (..., 1, slice(1, 3)), (1, ...)):
+        np.testing.assert_array_equal(xt[idx].numpy(), x[idx])
+    front, middle = rng().random((2, 3)) < 0.5, rng().random((3, 4)) < 0.5
+    np.testing.assert_array_equal(xt[t(front)].numpy(), x[front])
+    np.testing.assert_array_equal(xt[:, t(middle)].numpy(), x[:, middle])
+
+
 def test_list_indices_empty_and_out_of_range():
     """List and array ids as NumPy takes them: an empty list selects no rows (shape (0, ...)), and an id outside
     [-n, n) is an IndexError naming that id as given (-n - 1, not what it would wrap to) and the size."""

@@ -210,6 +210,21 @@ def test_distributed_sampler_shares():
         DistributedSampler(range(n), 2, 2)
 
 
+def test_distributed_sampler_shuffles_by_seed_plus_epoch():
+    """The shuffle is drawn from seed + epoch (PyTorch's rule): epoch e of seed s is epoch 0 of seed s + e, and a
+    seed's epochs differ from one another (seed 1's epochs 0 and 1 included)."""
+
+    def order(seed, epoch):
+        s = DistributedSampler(range(40), 1, 0, shuffle=True, seed=seed)
+        s.set_epoch(epoch)
+        return list(s)
+
+    for seed, epoch in ((1, 1), (3, 1), (5, 2), (6, 3)):
+        assert order(seed, epoch) == order(seed + epoch, 0)
+    firsts = [order(1, e) for e in range(4)]
+    assert all(firsts[i] != firsts[j] for i in range(4) for j in range(i))
+
+
 def test_distributed_sampler_pads_with_the_first_indices_in_linear_memory():
     """Without drop_last the order is padded to num_samples * world with its own first indices (10 items over 4
     ranks: 0 and 1 again), and only that far: iterating a share of a 1000-item dataset allocates a few dozen bytes

@@ -65,6 +65,24 @@ def test_import_without_a_build_says_what_to_run(tmp_path):
     assert "./bazelw run //python:develop" in p.stderr and "circular import" not in p.stderr, p.stderr
 
 
+def test_progress_bar_eta_is_the_rate_times_the_steps_left(capsys, monkeypatch):
+    """eta = seconds per step so far (since the bar started, over the steps done since its first) * steps left:
+    10 s for steps 2 and 3 (from step 1) of 7 leaves 4 steps, 20 s; at the end, 0 s. The clock is stood in for."""
+    from types import SimpleNamespace
+
+    from infinitrain.training import trainer
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    now = [100.0]
+    monkeypatch.setattr(trainer, "time", SimpleNamespace(time=lambda: now[0]))
+    bar = trainer.Progress(7, start=1)
+    now[0] = 110.0
+    bar.show(2 + 1)
+    assert capsys.readouterr().err.endswith(" 3/7 eta 20s")  # 10 s / 2 steps * 4 left
+    bar.show(7)
+    assert capsys.readouterr().err.endswith(" 7/7 eta 0s")
+
+
 def test_progress_bar_fills_in_proportion(capsys, monkeypatch):
     """On a terminal the bar is 30 cells, floor(30 * done / total) of them filled, followed by done/total; off a
     terminal it writes nothing."""
