@@ -448,3 +448,19 @@ def test_embedding_padding_idx_range():
     for bad in (-n - 1, n):
         with pytest.raises(ValueError, match="out of range"):
             nn.Embedding(n, 3, padding_idx=bad, device=DEVICE)
+
+
+def test_add_rms_norm_default_eps_is_pytorchs():
+    """add_rms_norm without eps normalises with eps = 1e-5: (x + y) / sqrt(mean((x + y)^2) + 1e-5) * weight, in
+    float64 against NumPy, on rows small enough that eps matters."""
+    g = rng()
+    x, y = g.standard_normal((3, 8)) * 1e-3, g.standard_normal((3, 8)) * 1e-3
+    w = g.standard_normal(8)
+    t = [it.tensor(a, device=DEVICE) for a in (x, y, w)]
+    from infinitrain import functional
+
+    s, out = functional.add_rms_norm(*t)
+    h = x + y
+    want = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(s.numpy(), h, rtol=1e-12)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-9)

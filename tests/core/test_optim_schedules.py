@@ -191,6 +191,25 @@ def test_one_cycle():
     assert opt.param_groups[0]["momentum"] == pytest.approx(0.95)  # momentum back at its maximum at the end
 
 
+def test_one_cycle_linear_anneal():
+    """anneal_strategy="linear": each phase moves the learning rate in a straight line between its ends."""
+    opt = it.optim.SGD([param(np.ones(2))], lr=0.01, momentum=0.9)
+    total, max_lr = 20, 1.0
+    s = it.optim.lr_scheduler.OneCycleLR(opt, max_lr, total_steps=total, pct_start=0.25, anneal_strategy="linear")
+    got = lrs(s, opt, total - 1)
+    init, final = max_lr / 25, max_lr / 25 / 1e4
+    up = 0.25 * total - 1
+
+    def line(a, b, pct):
+        return a + (b - a) * pct
+
+    want = [
+        line(init, max_lr, k / up) if k <= up else line(max_lr, final, (k - up) / (total - 1 - up))
+        for k in range(total)
+    ]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
 def test_sequential_and_plateau():
     opt = make_opt(0.1)
     warm = it.optim.lr_scheduler.LinearLR(opt, 0.5, 1.0, 2)
