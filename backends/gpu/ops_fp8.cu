@@ -44,8 +44,6 @@ __device__ __forceinline__ uint32_t QuantizePair(float lo, float hi, float s) {
 #endif
 }
 
-__device__ __forceinline__ float NanMax(float m, float a) { return (a > m || isnan(a)) ? a : m; }
-
 // 8 elements a thread: x 16-byte aligned, out 8-byte aligned, n8 = n / 8.
 template <DataType S, bool kE5M2>
 __global__ void QuantizeVec8Kernel(const Storage<S>* __restrict__ x, uint2* __restrict__ out, int64_t n8,
@@ -62,7 +60,7 @@ __global__ void QuantizeVec8Kernel(const Storage<S>* __restrict__ x, uint2* __re
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             f[j] = ToAcc(v[j]);
-            m = NanMax(m, fabsf(f[j]));
+            m = NanMaxOp{}(m, fabsf(f[j]));
         }
         const uint32_t lo = QuantizePair<kE5M2>(f[0], f[1], s) | (QuantizePair<kE5M2>(f[2], f[3], s) << 16);
         const uint32_t hi = QuantizePair<kE5M2>(f[4], f[5], s) | (QuantizePair<kE5M2>(f[6], f[7], s) << 16);
@@ -80,8 +78,7 @@ __global__ void QuantizeKernel(const Storage<S>* __restrict__ x, uint8_t* __rest
     GPU_KERNEL_LOOP(i, n) {
         const float v = LoadFloat<S>(x[i]);
         out[i] = QuantizeFp8<kE5M2>(v, s);
-        const float a = fabsf(v);
-        m = (a > m || isnan(a)) ? a : m;
+        m = NanMaxOp{}(m, fabsf(v));
     }
     m = BlockReduce(m, NanMaxOp{}, 0.0f);
     if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(fabsf(m)));
@@ -213,7 +210,7 @@ __global__ void AmaxPushKernel(float* __restrict__ hist, float* __restrict__ sca
     float m = 0.0f;
     for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
         r[j] = buf[j];
-        m = (buf[j] > m || isnan(buf[j])) ? buf[j] : m;
+        m = NanMaxOp{}(m, buf[j]);
     }
     m = BlockReduce(m, NanMaxOp{}, 0.0f);
     if (threadIdx.x == 0 && m > 0.0f && isfinite(m)) scale[row] = top / m;
