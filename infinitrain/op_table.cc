@@ -44,6 +44,7 @@ RULE(Matmul);
 RULE(Fp8Quantize);
 RULE(Fp8Matmul);
 RULE(Fp8AmaxPush);
+RULE(Fp8QuantizeDelayed);
 RULE(Linear);
 RULE(LinearWeightGrad);
 RULE(LinearGeluTanh);
@@ -177,6 +178,7 @@ extern const OpDef kOpTable[] = {
 {"fp8_quantize(x, scale: float32; dtype: str) -> (out, amax)",                 F, kF,   "",                   Fp8Quantize,        "out = x * scale clamped to dtype's finite range (448 for float8_e4m3fn, 57344 for float8_e5m2), rounded to nearest even in dtype (NaN stays NaN); amax = max |x| as 0-d float32 (NaN if x holds one); scale 0-d, read on the device"},
 {"fp8_matmul(a, b, a_scale_inv: float32, b_scale_inv: float32, bias?; trans_a: int, trans_b: int, dtype: str) -> out", F, kFloat8Dtypes, "", Fp8Matmul, "out[M, N] = op(a) @ op(b) * a_scale_inv * b_scale_inv + bias[N], accumulated in float32 and written in dtype (float32, bfloat16 or float16); a, b 2-d float8 (not both float8_e5m2), op transposes when trans_* is 1; the scale_invs 0-d, bias in dtype"},
 {"fp8_amax_push_(history!, scale!, amax; row: int, fmax: float, margin: int) -> ()", F, kFloat32Only, "",  Fp8AmaxPush,        "delayed scaling's update, in place: row `row` of history [R, H] moves one place right (its last entry drops out) and amax (0-d) enters at [row, 0]; m = the row's max, and scale[row] (scale [R]) = fmax / 2^margin / m where m > 0 and finite, else unchanged; all float32"},
+{"fp8_quantize_delayed_(x, history!: float32, scale!: float32; row: int, margin: int, dtype: str, transpose: int, colsum: int, update: int) -> (out, out_t, scale_inv, colsum)", F, kF, "", Fp8QuantizeDelayed, "one tensor use under delayed scaling, in one pass over x [R, C]: with s = scale[row], out = fp8_quantize(x, s, dtype).out; out_t = out^T [C, R] when transpose is 1, else [0]; scale_inv = 1 / s (0-d); colsum = x's column sums [C] in float32 when colsum is 1, else [0]; then, when update is 1, fp8_amax_push_(history, scale, max |x|, row, dtype's largest finite value, margin)"},
 // ---- indexing and shape ----
 {"embedding(weight, index: int64) -> out",                                      R, kF,   "embedding_backward", Embedding,          "weight[index]: weight [V, C], index [...] -> [..., C]"},
 {"embedding_backward(grad, index: int64; num_weights: int) -> dweight",         R, kF,   "",                   EmbeddingBackward,  "dweight[V, C] = sum of grad rows scattered to their index"},
@@ -580,6 +582,33 @@ RULE(Fp8AmaxPush) {
     if (!(Float(a, 1) > 0) || !std::isfinite(Float(a, 1))) OpError(op, "fmax must be finite and > 0");
     if (Int(a, 2) < 0 || Int(a, 2) > 64) OpError(op, "margin must be in [0, 64]");
     return {};
+}
+
+RULE(Fp8QuantizeDelayed) {
+    const Tensor &x = in[0], &h = in[1], &sc = in[2];
+    CheckRank(op, x, 2, "x");
+    CheckRank(op, h, 2, "history");
+    if (sc.shape() != Shape{h.size(0)}) {
+        OpError(op, "scale must have shape [" + std::to_string(h.size(0)) + "], got " + ShapeToString(sc.shape()));
+    }
+    if (h.size(1) < 1 || h.size(1) > 4096) {
+        OpError(op, "history must have 1 to 4096 columns, got " + std::to_string(h.size(1)));
+    }
+    const int64_t row = Int(a, 0);
+    if (row < 0 || row >= h.size(0)) {
+        OpError(op, "row " + std::to_string(row) + " is outside the history's " + std::to_string(h.size(0)) + " rows");
+    }
+    if (Int(a, 1) < 0 || Int(a, 1) > 64) OpError(op, "margin must be in [0, 64]");
+    DataType t = ParseDataType(std::get<std::string>(a[2]));
+    if (!IsFloat8(t)) OpError(op, std::string("dtype must be float8_e4m3fn or float8_e5m2, got ") + DataTypeName(t));
+    for (int k = 3; k < 6; ++k) {
+        if (Int(a, k) != 0 && Int(a, k) != 1) OpError(op, "transpose, colsum and update must be 0 or 1");
+    }
+    const int64_t r = x.size(0), c = x.size(1);
+    return {{x.shape(), t},
+            {Int(a, 3) ? Shape{c, r} : Shape{0}, t},
+            {Shape{}, DataType::kFloat32},
+            {Shape{Int(a, 4) ? c : 0}, DataType::kFloat32}};
 }
 
 RULE(Linear) {

@@ -7,6 +7,12 @@
 //     float's bits (non-negative floats order as their bits; a NaN's bits are above infinity's). Codes through the
 //     vendor's hardware conversion where it has one (INFINITRAIN_GPU_FP8_CONVERT), else the integer code: the same
 //     codes (saturated, round to nearest even; NaN keeps its sign, set here).
+//   fp8_quantize_delayed_: 64 x 64 tiles of x [R, C], blocks striding over them, 8 elements of a row a thread
+//     (vector loads, both of a thread's rows in flight, 8-byte stores where C % 8 == 0); the tile's codes pass
+//     through shared memory to out_t (4 rows of a column a thread), its float32 values to the column sums (a
+//     thread per column and quarter tile, rows in order; a second kernel adds the quarters in a fixed order).
+//     Each block writes its max |x|; a one-block kernel reduces them and moves the history as fp8_amax_push_
+//     does. No atomics: every sum and max comes out the same on every run.
 //   transpose: 64 x 64 tiles through shared memory, 4 bytes a thread (32 x 32 and 1 byte where sizes are odd).
 //   matmul: out[i, j] = sum_k a(i, k) b(k, j) in float32, k in order, then * a_inv * b_inv + bias, rounded once.
 #include <algorithm>
@@ -121,6 +127,238 @@ void Fp8Quantize(KernelContext& ctx) {
             OpError("fp8_quantize", std::string("no ") + DataTypeName(S) + " variant");
         }
     });
+}
+
+constexpr int kQTile = 64;
+constexpr int64_t kDelayedBlocks = 1024;  // several tiles a block: the prefetch has work to hide behind
+
+struct DelayedArgs {
+    int64_t rows, cols, col_tiles, row_tiles;
+    const float* scale;  // scale[row]
+    float* scale_inv;    // 1 / scale[row], written by block 0
+    uint8_t* out_t;      // [C, R] or null
+    float* partial;      // column sums of each quarter tile [4 row_tiles, C], or null
+    float* amax;         // each block's max |x| [blocks], or null (no update)
+};
+
+// Loads 8 consecutive elements of x at (r, c), zeros outside the tensor; raw, so that a prefetch does not wait.
+template <DataType S>
+__device__ __forceinline__ void Load8(const Storage<S>* __restrict__ x, int64_t r, int64_t c, bool in, bool vec,
+                                      int64_t cols, Storage<S>* v) {
+    if (vec && in) {
+        constexpr int kVecs = 8 * sizeof(Storage<S>) / sizeof(uint4);
+        const uint4* src = reinterpret_cast<const uint4*>(x + r * cols + c);
+#pragma unroll
+        for (int q = 0; q < kVecs; ++q) reinterpret_cast<uint4*>(v)[q] = src[q];
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = in && c + j < cols ? x[r * cols + c + j] : Storage<S>{};
+    }
+}
+
+// Blocks stride over the tiles.
+template <DataType S, bool kE5M2>
+__global__ void __launch_bounds__(kThreads)
+    QuantizeDelayedKernel(const Storage<S>* __restrict__ x, uint8_t* __restrict__ out, DelayedArgs a, bool vec) {
+    constexpr int kPasses = kQTile * 8 / kThreads;  // rows a thread loads per tile
+    __shared__ uint8_t codes[kQTile][kQTile + 4];
+    __shared__ float vals[kQTile][kQTile + 1];
+    const float s = *a.scale;
+    const int64_t tiles = a.row_tiles * a.col_tiles;
+    const int lane = threadIdx.x % 8, sub = threadIdx.x / 8;
+    float m = 0.0f;
+    // The next tile's rows are loaded while this one is quantized and written (loads in flight all along).
+    alignas(16) Storage<S> next[kPasses][8];
+    auto load = [&](int64_t t) {
+        const int64_t r0 = t / a.col_tiles * kQTile, c = t % a.col_tiles * kQTile + 8 * lane;
+#pragma unroll
+        for (int p = 0; p < kPasses; ++p) {
+            const int64_t r = r0 + sub + p * (kThreads / 8);
+            Load8<S>(x, r, c, r < a.rows && c < a.cols, vec, a.cols, next[p]);
+        }
+    };
+    if (blockIdx.x < tiles) load(blockIdx.x);
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int64_t ty = t / a.col_tiles, r0 = ty * kQTile, c0 = (t % a.col_tiles) * kQTile;
+        const int64_t c = c0 + 8 * lane;
+        float f[kPasses][8];
+#pragma unroll
+        for (int p = 0; p < kPasses; ++p) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) f[p][j] = LoadFloat<S>(next[p][j]);
+        }
+        if (t + gridDim.x < tiles) load(t + gridDim.x);
+        __syncthreads();  // the previous tile's readers of codes and vals are done
+#pragma unroll
+        for (int p = 0; p < kPasses; ++p) {
+            const int i = sub + p * (kThreads / 8);
+            const int64_t r = r0 + i;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) m = NanMaxOp{}(m, fabsf(f[p][j]));
+            const uint32_t lo =
+                QuantizePair<kE5M2>(f[p][0], f[p][1], s) | (QuantizePair<kE5M2>(f[p][2], f[p][3], s) << 16);
+            const uint32_t hi =
+                QuantizePair<kE5M2>(f[p][4], f[p][5], s) | (QuantizePair<kE5M2>(f[p][6], f[p][7], s) << 16);
+            if (r < a.rows && c < a.cols) {
+                if (vec) {
+                    *reinterpret_cast<uint2*>(out + r * a.cols + c) = make_uint2(lo, hi);
+                } else {
+                    for (int j = 0; j < 8 && c + j < a.cols; ++j) {
+                        out[r * a.cols + c + j] = (j < 4 ? lo : hi) >> (8 * (j % 4));
+                    }
+                }
+            }
+            if (a.out_t) {
+                *reinterpret_cast<uint32_t*>(&codes[i][8 * lane]) = lo;  // rows 68 bytes apart: 4-byte aligned
+                *reinterpret_cast<uint32_t*>(&codes[i][8 * lane + 4]) = hi;
+            }
+            if (a.partial) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) vals[i][8 * lane + j] = f[p][j];
+            }
+        }
+        if (!a.out_t && !a.partial) continue;
+        __syncthreads();
+        if (a.out_t) {
+            const bool words = a.rows % 4 == 0;
+            for (int w = threadIdx.x; w < kQTile * kQTile / 4; w += kThreads) {
+                const int i = w / (kQTile / 4), k = 4 * (w % (kQTile / 4));  // tile column i, tile rows k .. k + 3
+                const int64_t col = c0 + i, r = r0 + k;
+                if (col >= a.cols || r >= a.rows) continue;
+                uint8_t* dst = a.out_t + col * a.rows + r;
+                if (words) {
+                    *reinterpret_cast<uint32_t*>(dst) = codes[k][i] | (codes[k + 1][i] << 8) | (codes[k + 2][i] << 16) |
+                                                        (static_cast<uint32_t>(codes[k + 3][i]) << 24);
+                } else {
+                    for (int b = 0; b < 4 && r + b < a.rows; ++b) dst[b] = codes[k + b][i];
+                }
+            }
+        }
+        if (a.partial) {  // a thread per column and quarter of the tile (rows past R hold zeros)
+            const int col = threadIdx.x % kQTile, quarter = threadIdx.x / kQTile;
+            if (c0 + col < a.cols) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < kQTile / 4; ++j) acc += vals[quarter * (kQTile / 4) + j][col];
+                a.partial[(4 * ty + quarter) * a.cols + c0 + col] = acc;
+            }
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = 1.0f / s;
+    if (!a.amax) return;
+    m = BlockReduce(m, NanMaxOp{}, 0.0f);
+    if (threadIdx.x == 0) a.amax[blockIdx.x] = m;
+}
+
+// fp8_amax_push_ on one history row from the blocks' maxima (NaN wins): shift right, the amax in front, the row's
+// max sets the scale where it is > 0 and finite.
+__global__ void DelayedPushKernel(const float* __restrict__ part, int64_t n, float* __restrict__ hist, int64_t h,
+                                  float* __restrict__ scale, float top) {
+    float m = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = NanMaxOp{}(m, part[i]);
+    m = BlockReduce(m, NanMaxOp{}, 0.0f);
+    if (threadIdx.x != 0) return;
+    float prev = m, mx = 0.0f;
+    for (int64_t j = 0; j < h; ++j) {
+        const float t = hist[j];
+        hist[j] = prev;
+        mx = NanMaxOp{}(mx, prev);
+        prev = t;
+    }
+    if (mx > 0.0f && isfinite(mx)) *scale = top / mx;
+}
+
+// out[c] = sum over t of partial[t, c]: a block per 32 columns, warp w adding rows w, w + 8, ... (four loads in
+// flight), then the 8 warps' sums in order.
+constexpr int kSumWarps = 8;
+
+__global__ void ColumnTilesKernel(const float* __restrict__ partial, float* __restrict__ out, int64_t tiles,
+                                  int64_t cols) {
+    __shared__ float part[kSumWarps][32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+    float acc = 0.0f;
+    if (c < cols) {
+        int64_t t = warp;
+        for (; t + 3 * kSumWarps < tiles; t += 4 * kSumWarps) {
+            const float v0 = partial[t * cols + c], v1 = partial[(t + kSumWarps) * cols + c];
+            const float v2 = partial[(t + 2 * kSumWarps) * cols + c], v3 = partial[(t + 3 * kSumWarps) * cols + c];
+            acc += v0;
+            acc += v1;
+            acc += v2;
+            acc += v3;
+        }
+        for (; t < tiles; t += kSumWarps) acc += partial[t * cols + c];
+    }
+    part[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0 && c < cols) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kSumWarps; ++w) sum += part[w][lane];
+        out[c] = sum;
+    }
+}
+
+void Fp8QuantizeDelayed(KernelContext& ctx) {
+    const Tensor &x = ctx.in[0], &hist = ctx.in[1], &scale = ctx.in[2];
+    const Tensor &out = ctx.out[0], &out_t = ctx.out[1], &sums = ctx.out[3];
+    const int64_t row = ctx.i(0), rows = x.size(0), cols = x.size(1);
+    const bool transpose = ctx.i(3) != 0, colsum = ctx.i(4) != 0, update = ctx.i(5) != 0;
+    const bool e5m2 = out.dtype() == DataType::kFloat8E5M2;
+    const NativeStream_t s = NativeStream(ctx);
+    DelayedArgs a{};
+    a.rows = rows;
+    a.cols = cols;
+    a.row_tiles = (rows + kQTile - 1) / kQTile;
+    a.col_tiles = (cols + kQTile - 1) / kQTile;
+    const int64_t tiles = a.row_tiles * a.col_tiles;
+    float* sp = static_cast<float*>(scale.data());
+    a.scale = sp + row;
+    a.scale_inv = static_cast<float*>(ctx.out[2].data());
+    a.out_t = transpose ? static_cast<uint8_t*>(out_t.data()) : nullptr;
+    const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kDelayedBlocks));
+    Tensor partial, amax;
+    if (colsum) {
+        partial = Tensor::Empty({4 * a.row_tiles, cols}, DataType::kFloat32, ctx.device);
+        a.partial = static_cast<float*>(partial.data());
+    }
+    if (update) {
+        amax = Tensor::Empty({static_cast<int64_t>(grid)}, DataType::kFloat32, ctx.device);
+        a.amax = static_cast<float*>(amax.data());
+    }
+    DispatchAll(x.dtype(), [&](auto sc) {
+        constexpr DataType S = decltype(sc)::value;
+        if constexpr (S == DataType::kFloat32 || S == DataType::kFloat64 || S == DataType::kBFloat16 ||
+                      S == DataType::kFloat16) {
+            auto* xp = static_cast<const Storage<S>*>(x.data());
+            auto* op = static_cast<uint8_t*>(out.data());
+            const bool vec = S != DataType::kFloat64 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 &&
+                             reinterpret_cast<uintptr_t>(op) % 8 == 0;
+            if (e5m2) {
+                QuantizeDelayedKernel<S, true><<<grid, kThreads, 0, s>>>(xp, op, a, vec);
+            } else {
+                QuantizeDelayedKernel<S, false><<<grid, kThreads, 0, s>>>(xp, op, a, vec);
+            }
+            GPU_CHECK_LAUNCH("fp8_quantize_delayed_");
+        } else {
+            OpError("fp8_quantize_delayed_", std::string("no ") + DataTypeName(S) + " variant");
+        }
+    });
+    if (colsum && cols > 0) {
+        const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
+        ColumnTilesKernel<<<blocks, 32 * kSumWarps, 0, s>>>(a.partial, static_cast<float*>(sums.data()),
+                                                            4 * a.row_tiles, cols);
+        GPU_CHECK_LAUNCH("fp8_quantize_delayed_ (column sums)");
+    }
+    if (update) {
+        const double fmax = e5m2 ? Fp8Format<true>::kMax : Fp8Format<false>::kMax;
+        const float top = static_cast<float>(fmax / ldexp(1.0, static_cast<int>(ctx.i(1))));
+        const int64_t h = hist.size(1);
+        DelayedPushKernel<<<1, kThreads, 0, s>>>(a.amax, grid, static_cast<float*>(hist.data()) + row * h, h, sp + row,
+                                                 top);
+        GPU_CHECK_LAUNCH("fp8_quantize_delayed_ (history)");
+    }
 }
 
 constexpr int kTile = 32;
@@ -290,5 +528,6 @@ void PortableFp8Matmul(KernelContext& ctx) {
 
 REGISTER_PROVIDER_KERNEL(kProviderName, "fp8_quantize", Fp8Quantize);
 REGISTER_PROVIDER_KERNEL(kProviderName, "fp8_amax_push_", Fp8AmaxPush);
+REGISTER_PROVIDER_KERNEL(kProviderName, "fp8_quantize_delayed_", Fp8QuantizeDelayed);
 
 }  // namespace infinitrain::gpu

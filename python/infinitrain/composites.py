@@ -218,6 +218,20 @@ def fp8_amax_push_(history, scale, amax, row, fmax, margin):
     scale.copy_(F.cat(parts))
 
 
+def fp8_quantize_delayed_(x, history, scale, row, margin, dtype, transpose, colsum, update):
+    """fp8_quantize with scale[row], the transposed codes, 1 / scale, the column sums, then fp8_amax_push_."""
+    s = scale[row].reshape(())
+    out, amax = fp8_quantize(x, s, dtype)
+    none = zeros([0], dtype="float32", device=x.device)
+    # float8 codes move through float32 (every one is exact there): permute takes no float8.
+    out_t = F.cast(F.permute(F.cast(out, "float32"), [1, 0]), dtype) if transpose else F.cast(none, dtype)
+    inv = F.div(from_numpy(np.array(1.0, dtype=np.float32), device=s.device), s)
+    sums = F.sum(F.cast(x, "float32"), [0]) if colsum else none
+    if update:
+        fp8_amax_push_(history, scale, amax, row, _FLOAT8_MAX[dtype], margin)
+    return [out, out_t, inv, sums]
+
+
 def _fp8_amax_push(ins, attrs):
     with amp.autocast(enabled=False):
         fp8_amax_push_(*_wrap(ins), *attrs)
@@ -501,6 +515,7 @@ COMPOSITES.update(
         "moe_unpermute_backward": _derived("moe_unpermute", [1, 2, 3], 0, [0, 2]),
         "adamw_": _adamw,
         "fp8_amax_push_": _fp8_amax_push,
+        "fp8_quantize_delayed_": _explicit(fp8_quantize_delayed_),
         "foreach_sum_squares": _foreach_sum_squares,
         "foreach_mul_": _foreach_mul,
         "foreach_adamw_": _foreach_adamw,

@@ -78,7 +78,7 @@ def _matmul(a, b, a_inv, b_inv, trans_a, trans_b, dtype, bias=None):
 
 def linear(x, weight, bias, state):
     """x[..., in] @ weight[out, in]^T + bias in FP8 (e4m3 operands, e5m2 output gradient), scaled by `state` (an
-    Fp8Linear's scaling: its scale(), tracking() and observe())."""
+    Fp8Linear's scaling: its quantize() and tracking())."""
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(f"fp8 linear: x {tuple(x.shape)} does not match weight {tuple(weight.shape)}")
     out_dtype = amp.autocast_dtype() or x.dtype
@@ -86,14 +86,13 @@ def linear(x, weight, bias, state):
         raise TypeError(f"fp8 linear: computes in float32, bfloat16 or float16, not {out_dtype}")
     x = fusion.linear_input(x)  # a pending norm writes autocast's 16-bit dtype itself, as for a bf16 linear
     rows = x.reshape(-1, x.shape[-1])
-    sx, sw = state.scale(INPUT, rows), state.scale(WEIGHT, weight)
-    x8, amax_x = _quantize(rows.detach(), sx, E4M3)
-    w8, amax_w = _quantize(weight.detach(), sw, E4M3)
+    grads = dispatch.needs_grad(x, weight, bias)
+    want = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad) if grads else (0, 0, 0)
     track = state.tracking()
-    if track:
-        state.observe(INPUT, amax_x)
-        state.observe(WEIGHT, amax_w)
-    inv_x, inv_w = T.reciprocal(sx), T.reciprocal(sw)
+    # Backward reads x and the weight transposed (FP8 GEMMs take K-contiguous operands): quantized that way here,
+    # in the same pass, where the recipe can (`Fp8Linear.quantize`).
+    x8, x8t, inv_x, _ = state.quantize(INPUT, rows.detach(), transpose=want[1], update=track)
+    w8, w8t, inv_w, _ = state.quantize(WEIGHT, weight.detach(), transpose=want[0], update=track)
     # A 16-bit output takes the bias in the GEMM's epilogue (rounded once); a float32 one adds it after.
     epilogue_bias = bias is not None and out_dtype != "float32"
     b = F.cast(bias.detach(), out_dtype) if epilogue_bias else None
@@ -101,27 +100,27 @@ def linear(x, weight, bias, state):
     if bias is not None and not epilogue_bias:
         out = F.add(out, bias.detach())
     out = out.reshape(*x.shape[:-1], weight.shape[0])
-    if dispatch.needs_grad(x, weight, bias):
+    if grads:
         x_shape, x_dtype = x.shape, x.dtype
-        want = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+        # What backward keeps: one float8 copy of each, the transposed one where there is one.
+        x_keep, x_t = (x8t, True) if x8t is not None else (x8, False)
+        w_keep, w_t = (w8t, True) if w8t is not None else (w8, False)
+        del x8, w8, x8t, w8t
 
         def backward(g):
             g2 = g.reshape(-1, g.shape[-1])
-            sg = state.scale(GRAD, g2)
-            g8, amax_g = _quantize(g2, sg, E5M2)
-            if track:
-                state.observe(GRAD, amax_g)
-            inv_g = T.reciprocal(sg)
-            gx = gw = gb = None
+            g8, g8t, inv_g, gb = state.quantize(GRAD, g2, transpose=want[1] and x_t, colsum=want[2], update=track)
+            gx = gw = None
             if want[0]:
-                gx = _matmul(g8, w8, inv_g, inv_w, False, False, x_dtype).reshape(x_shape)
+                gx = _matmul(g8, w_keep, inv_g, inv_w, False, w_t, x_dtype).reshape(x_shape)
             if want[1]:
-                gw = _matmul(g8, x8, inv_g, inv_x, True, False, weight.dtype)
-            if want[2]:
-                # Column sums in the gradient's dtype (float32 accumulation inside sum), as the bias gradient of a
-                # 16-bit linear is: no float32 copy of g.
-                gb = F.cast(F.sum(g2, 0), bias.dtype)
-            return gx, gw, gb
+                if g8t is not None:
+                    gw = _matmul(g8t, x_keep, inv_g, inv_x, False, True, weight.dtype)
+                else:
+                    gw = _matmul(g8, x_keep, inv_g, inv_x, True, False, weight.dtype)
+            if want[2] and gb.dtype != bias.dtype:
+                gb = F.cast(gb, bias.dtype)
+            return gx, gw, gb if want[2] else None
 
         dispatch.record(out, (x, weight, bias), backward, "fp8_linear")
     return out
@@ -159,6 +158,22 @@ class Fp8Linear(nn.Linear):
             return _scale_from(F.amax(F.abs(x.detach())).reshape(1), self._fmax(row), self.recipe.margin, None)
         return self.fp8_scale[row].detach()
 
+    def quantize(self, row, t, transpose=False, colsum=False, update=False):
+        """One use of the 2-d tensor t in row `row`'s format: (codes, the transposed codes or None, 1 / scale, t's
+        float32 column sums or None). Delayed scaling: one op, fp8_quantize_delayed_, which also moves the row's
+        history when `update`. Current scaling: t's amax, then fp8_quantize; no transposed copy (fp8_matmul
+        transposes)."""
+        dtype = E5M2 if row == GRAD else E4M3
+        if self.recipe.scaling == "delayed":
+            q, qt, inv, sums = dispatch.op("fp8_quantize_delayed_")(
+                [t._t, self.fp8_amax_history._t, self.fp8_scale._t],
+                [row, self.recipe.margin, dtype, int(bool(transpose)), int(bool(colsum)), int(bool(update))],
+            )
+            return Tensor(q), Tensor(qt) if transpose else None, Tensor(inv), Tensor(sums) if colsum else None
+        s = self.scale(row, t)
+        q, _ = _quantize(t, s, dtype)
+        return q, None, T.reciprocal(s), F.cast(F.sum(t, 0), "float32") if colsum else None
+
     def rescale(self):
         """Every row's scale recomputed from its history (after the history was replaced: sync_amax)."""
         for row in range(3):
@@ -169,13 +184,6 @@ class Fp8Linear(nn.Linear):
         """Whether this forward's amaxes enter the histories: delayed scaling, in training mode with gradients on
         (evaluation and sampling, under no_grad, do not move the scales training uses)."""
         return self.recipe.scaling == "delayed" and self.training and autograd.is_grad_enabled()
-
-    def observe(self, row, amax):
-        """Delayed scaling: amax enters row `row`'s history and the row's scale is recomputed from it, one op
-        (fp8_amax_push_). The caller asks tracking() first (at the forward: the backward runs without grad)."""
-        dispatch.op("fp8_amax_push_")(
-            [self.fp8_amax_history._t, self.fp8_scale._t, amax._t], [row, self._fmax(row), self.recipe.margin]
-        )
 
     @staticmethod
     def _fmax(row):

@@ -284,6 +284,83 @@ def test_delayed_scaling_history_and_scale():
     assert one.fp8_scale.cpu().numpy()[fp8.INPUT] == before[fp8.INPUT] != 1.0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+@pytest.mark.parametrize("shape", [(300, 520), (257, 129), (64, 8), (5, 3)])
+def test_quantize_delayed_against_reference(shape, dtype):
+    """fp8_quantize_delayed_ on tensors of many 64 x 64 tiles, sizes on and off the tiles (a GPU's vector path and
+    its edges): the codes, the transposed codes, 1 / scale, the float32 column sums, then the history row and its
+    scale moved as fp8_amax_push_ moves them; a NaN in x wins the amax and leaves the scale."""
+    g = rng()
+    for fmt, nan in (("float8_e4m3fn", False), ("float8_e5m2", False), ("float8_e5m2", True)):
+        xv = (np.round(g.standard_normal(shape) * 16) / 8 * 2.0 ** int(g.integers(0, 8))).astype(np.float32)
+        if nan:
+            xv[g.integers(shape[0]), g.integers(shape[1])] = np.nan
+        x = it.tensor(xv, device=DEVICE).to(dtype)
+        xs = x.float().cpu().numpy().astype(np.float64)
+        h, row, margin = int(g.integers(1, 6)), int(g.integers(3)), int(g.integers(0, 3))
+        hist = np.abs(g.standard_normal((3, h))).astype(np.float32)
+        scale = g.uniform(0.01, 50, 3).astype(np.float32)
+        ht, st = it.tensor(hist, device=DEVICE), it.tensor(scale, device=DEVICE)
+        out, out_t, inv, sums = run("fp8_quantize_delayed_", [x._t, ht._t, st._t], [row, margin, fmt, 1, 1, 1])
+        codes = it.Tensor(out).float().cpu().numpy()
+        prod = (xs.astype(np.float32) * scale[row]).astype(np.float64)
+        want = nearest(np.clip(prod, -FMAX[fmt], FMAX[fmt]), fmt)
+        assert same(codes, want) and (np.signbit(codes) == np.signbit(want)).all()
+        assert same(it.Tensor(out_t).float().cpu().numpy(), codes.T)
+        assert it.Tensor(inv).item() == np.float32(1.0) / scale[row]
+        np.testing.assert_allclose(it.Tensor(sums).cpu().numpy(), xs.sum(0), rtol=1e-6, atol=1e-3)
+        amax = np.nan if nan else np.abs(xs).max()
+        want_h = hist.copy()
+        want_h[row] = np.concatenate([[np.float32(amax)], hist[row][:-1]])
+        want_s = scale.copy()
+        if not nan:
+            want_s[row] = np.float32(FMAX[fmt] / 2**margin) / np.float32(want_h[row].max())
+        assert same(ht.cpu().numpy(), want_h) and same(st.cpu().numpy(), want_s)
+    # update = 0 leaves the history and the scales; transpose = colsum = 0 give empty outputs
+    before_h, before_s = ht.cpu().numpy().copy(), st.cpu().numpy().copy()
+    out, out_t, inv, sums = run("fp8_quantize_delayed_", [x._t, ht._t, st._t], [0, 0, "float8_e4m3fn", 0, 0, 0])
+    assert same(ht.cpu().numpy(), before_h) and same(st.cpu().numpy(), before_s)
+    assert tuple(it.Tensor(out_t).shape) == (0,) and tuple(it.Tensor(sums).shape) == (0,)
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        run("fp8_quantize_delayed_", [x._t, ht._t, st._t], [0, 0, "float8_e4m3fn", 2, 0, 0])
+    with pytest.raises(ValueError, match="x must be 2-d"):
+        run("fp8_quantize_delayed_", [it.tensor(xv.reshape(-1), device=DEVICE)._t, ht._t, st._t],
+            [0, 0, "float8_e4m3fn", 0, 0, 0])  # fmt: skip
+
+
+def test_delayed_linear_against_emulation():
+    """Fp8Linear under delayed scaling (one fused op per tensor use, backward on the transposed copies it made):
+    output and gradients equal float64 products of the float8 values the stored scales give, scaled back; the bias
+    gradient is the float32 column sum of the output gradient; then each history row holds its tensor's amax."""
+    g = rng()
+    lin = nn.Linear(64, 80).to(DEVICE)
+    layer = fp8.Fp8Linear.from_linear(lin)
+    sv = g.uniform(1, 60, 3).astype(np.float32)
+    layer.fp8_scale.copy_(it.tensor(sv, device=DEVICE))
+    xv = (g.standard_normal((2, 36, 64)) * 2).astype(np.float32)
+    x = it.tensor(xv, device=DEVICE, requires_grad=True)
+    gv = g.standard_normal((2, 36, 80)).astype(np.float32)
+    out = layer(x)
+    out.backward(it.tensor(gv, device=DEVICE))
+
+    def q(v, fmt, s):
+        prod = (v.astype(np.float32) * s).astype(np.float64)
+        return nearest(np.clip(prod, -FMAX[fmt], FMAX[fmt]), fmt)
+
+    w = lin.weight.detach().cpu().numpy()
+    x8 = q(xv.reshape(72, 64), "float8_e4m3fn", sv[fp8.INPUT])
+    w8 = q(w, "float8_e4m3fn", sv[fp8.WEIGHT])
+    g8 = q(gv.reshape(72, 80), "float8_e5m2", sv[fp8.GRAD])
+    inv = [np.float64(np.float32(1.0) / s) for s in sv]
+    want = (x8 @ w8.T) * inv[0] * inv[1] + lin.bias.detach().cpu().numpy()
+    np.testing.assert_allclose(out.detach().cpu().numpy().reshape(72, 80), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x.grad.cpu().numpy().reshape(72, 64), (g8 @ w8) * inv[2] * inv[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lin.weight.grad.cpu().numpy(), (g8.T @ x8) * inv[2] * inv[0], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(lin.bias.grad.cpu().numpy(), gv.reshape(72, 80).sum(0), rtol=1e-5, atol=1e-5)
+    hist = layer.fp8_amax_history.cpu().numpy()[:, 0]
+    assert same(hist, [np.abs(xv).max(), np.abs(w).max(), np.abs(gv).max()])
+
+
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_amax_push_against_reference(dtype):
     """fp8_amax_push_ on fresh histories: the row shifts with amax in front, the other rows stay; the scale is

@@ -99,12 +99,12 @@ void Fp8MatmulKernel(KernelContext& c) {
     });
 }
 
-void Fp8AmaxPushKernel(KernelContext& c) {
-    const Tensor &hist = c.in[0], &scale = c.in[1];
-    const int64_t row = c.i(0), h = hist.size(1);
+// Delayed scaling's update of one history row (fp8_amax_push_).
+void PushAmax(const Tensor& hist, const Tensor& scale, int64_t row, float amax, double fmax, int64_t margin) {
+    const int64_t h = hist.size(1);
     float* r = hist.data<float>() + row * h;
     for (int64_t j = h - 1; j > 0; --j) r[j] = r[j - 1];
-    r[0] = *c.in[2].data<float>();
+    r[0] = amax;
     float m = 0.0f;
     bool nan = false;
     for (int64_t j = 0; j < h; ++j) {
@@ -112,15 +112,57 @@ void Fp8AmaxPushKernel(KernelContext& c) {
         m = r[j] > m ? r[j] : m;
     }
     if (!nan && m > 0.0f && std::isfinite(m)) {
-        const float top = static_cast<float>(c.f(1) / std::ldexp(1.0, static_cast<int>(c.i(2))));
+        const float top = static_cast<float>(fmax / std::ldexp(1.0, static_cast<int>(margin)));
         scale.data<float>()[row] = top / m;
     }
+}
+
+void Fp8AmaxPushKernel(KernelContext& c) { PushAmax(c.in[0], c.in[1], c.i(0), *c.in[2].data<float>(), c.f(1), c.i(2)); }
+
+void Fp8QuantizeDelayedKernel(KernelContext& c) {
+    const Tensor &x = c.in[0], &hist = c.in[1], &scale = c.in[2];
+    const int64_t row = c.i(0), rows = x.size(0), cols = x.size(1);
+    const float s = scale.data<float>()[row];
+    const bool e5m2 = c.out[0].dtype() == DataType::kFloat8E5M2;
+    uint8_t* op = c.out[0].data<uint8_t>();
+    float amax = 0.0f;
+    DispatchFloat(x.dtype(), "fp8_quantize_delayed_", [&](auto tag) {
+        using T = decltype(tag);
+        const T* xp = x.data<T>();
+        if (e5m2) {
+            Quantize<true>(xp, op, x.numel(), s);
+        } else {
+            Quantize<false>(xp, op, x.numel(), s);
+        }
+        amax = AbsMax(xp, x.numel());
+        if (c.i(4)) {
+            float* sums = c.out[3].data<float>();
+            ParallelFor(cols, rows, [&](int64_t j0, int64_t j1) {
+                for (int64_t j = j0; j < j1; ++j) {
+                    float acc = 0.0f;
+                    for (int64_t r = 0; r < rows; ++r) acc += static_cast<float>(Load(xp + r * cols + j));
+                    sums[j] = acc;
+                }
+            });
+        }
+    });
+    if (c.i(3)) {
+        uint8_t* tp = c.out[1].data<uint8_t>();
+        ParallelFor(cols, rows, [&](int64_t j0, int64_t j1) {
+            for (int64_t j = j0; j < j1; ++j) {
+                for (int64_t r = 0; r < rows; ++r) tp[j * rows + r] = op[r * cols + j];
+            }
+        });
+    }
+    *c.out[2].data<float>() = 1.0f / s;
+    if (c.i(5)) PushAmax(hist, scale, row, amax, e5m2 ? Fp8Format<true>::kMax : Fp8Format<false>::kMax, c.i(1));
 }
 
 }  // namespace
 
 REGISTER_KERNEL(DeviceType::kCPU, "fp8_amax_push_", Fp8AmaxPushKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "fp8_quantize", Fp8QuantizeKernel);
+REGISTER_KERNEL(DeviceType::kCPU, "fp8_quantize_delayed_", Fp8QuantizeDelayedKernel);
 REGISTER_KERNEL(DeviceType::kCPU, "fp8_matmul", Fp8MatmulKernel);
 
 }  // namespace infinitrain::cpu

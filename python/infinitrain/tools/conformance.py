@@ -136,10 +136,10 @@ def run_case(info, spec, dtype, device, runner, gen):
         outs = runner(tensors, list(attrs))
     expected = spec.ref(host, attrs, dtype)
     written = dispatch.op(info["name"]).written(len(tensors))  # a written variadic input: each of its tensors
-    if written:
+    if written:  # the outputs (if any) come first in the spec's expected values, then the written inputs
         inputs_named = _names(info["inputs"])
-        names = [_output_name(inputs_named, i) for i in written]
-        return check([tensors[i] for i in written], expected, dtype, names, device, spec.rel16)
+        names = _names(info["outputs"]) + [_output_name(inputs_named, i) for i in written]
+        return check(list(outs) + [tensors[i] for i in written], expected, dtype, names, device, spec.rel16)
     return check(list(outs), expected, dtype, _names(info["outputs"]), device, spec.rel16)
 
 

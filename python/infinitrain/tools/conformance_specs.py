@@ -780,6 +780,33 @@ def _fp8_matmul_make(gen, d):
     return ins, [ta, tb, out]
 
 
+def _fp8_quantize_delayed_make(gen, d):
+    """x [R, C] of quarter-integers times a power of two (column sums exact in float32; past the float8 range at
+    the larger powers), sizes on and off the kernels' 8- and 64-element tiles; a [3, H] history with zero rows,
+    scales, a row, a margin, a float8 dtype and the three switches."""
+    r, c = int(gen.choice([1, 3, 64, 67, 128])), int(gen.choice([5, 8, 16, 64, 72, 130]))
+    x = np.round(_randn(gen, (r, c)) * 8) / 4 * float(gen.choice([1.0, 64.0, 512.0]))
+    hist = np.abs(_randn(gen, (3, int(gen.integers(1, 20))), 4.0)) * (gen.random((3, 1)) < 0.7)
+    scales = gen.choice([1.0, 0.5, 3.7, 2.0**-4, 0.3], 3)
+    flags = [int(gen.integers(2)) for _ in range(3)]
+    attrs = [int(gen.integers(3)), int(gen.integers(0, 3)), str(gen.choice(list(FLOAT8))), *flags]
+    return [(x, d), (hist, "float32"), (scales, "float32")], attrs
+
+
+def _fp8_quantize_delayed_ref(xs, at, d):
+    x, hist, scale = xs[0], xs[1].copy(), xs[2].copy()
+    row, margin, dtype, transpose, colsum, update = at
+    s = np.float32(scale[row])
+    out = _fp8_quantize_ref([x, s], [dtype], d)[0][0]
+    out_t = out.T if transpose else np.zeros(0)
+    sums = x.astype(np.float64).sum(axis=0) if colsum else np.zeros(0)
+    if update:
+        hist, scale = _fp8_amax_push_ref([hist, scale, np.max(np.abs(x))], [row, FLOAT8[dtype][2], margin], d)
+    inv = np.float64(np.float32(1.0) / s)
+    return [(out, dtype), (out_t, dtype), (np.array(inv), "float32"), (sums, "float32"), (hist, "float32"),
+            (scale, "float32")]  # fmt: skip
+
+
 def _fp8_amax_push_make(gen, d):
     """A [3, 5] history (some rows all zero: their scale must stay), scales, a fresh amax, a row, fmax, margin."""
     hist = np.abs(_randn(gen, (3, 5), 4.0)) * (gen.random((3, 1)) < 0.7)
@@ -917,6 +944,7 @@ SPECS = {
     ),
     "fp8_quantize": Spec(_fp8_quantize_make, _fp8_quantize_ref),
     "fp8_amax_push_": Spec(_fp8_amax_push_make, _fp8_amax_push_ref),
+    "fp8_quantize_delayed_": Spec(_fp8_quantize_delayed_make, _fp8_quantize_delayed_ref),
     # float8 inputs: the case dtype is b's format; the output's dtype comes from the attributes.
     "fp8_matmul": Spec(_fp8_matmul_make, _fp8_matmul_ref, tuple(FLOAT8)),
     "linear_weight_grad": Spec(  # grad [2, 3, 9] and x [2, 3, 17]: six rows

@@ -14,7 +14,7 @@ Generated from the op table in `infinitrain/op_table.cc` by `./bazelw run //pyth
   optional, `...` variadic, `!` written in place (`xs!...`: every tensor from
   there on); `name: int64` fixes an input's dtype. Attributes are positional, in
   the order listed, typed `int`, `float`, `ints` (a list of ints) or `str`. Ops
-  ending in `_` write an input and return nothing.
+  ending in `_` write an input; all but fp8_quantize_delayed_ return nothing.
 - **Tier**: *required* ops every provider must run natively; *fused* ops have a
   composite definition in terms of required ops, which the dispatcher runs on
   a device without its own kernel; *provider* ops are declared by a provider.
