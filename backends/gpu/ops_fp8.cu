@@ -9,8 +9,8 @@
 //     codes (saturated, round to nearest even; NaN keeps its sign, set here).
 //   fp8_quantize_delayed_: 64 x 64 tiles of x [R, C], blocks striding over them, 8 elements of a row a thread
 //     (vector loads, both of a thread's rows in flight, 8-byte stores where C % 8 == 0); the tile's codes pass
-//     through shared memory to out_t (4 rows of a column a thread), its float32 values to the column sums (a
-//     thread per column and quarter tile, rows in order; a second kernel adds the quarters in a fixed order).
+//     through shared memory to out_t (4 rows of a column a thread); column sums from the registers (a warp's
+//     rows by shuffles, then its 8 warps in order; a second kernel adds the tiles in order).
 //     Each block writes its max |x|; a one-block kernel reduces them and moves the history as fp8_amax_push_
 //     does. No atomics: every sum and max comes out the same on every run.
 //   transpose: 64 x 64 tiles through shared memory, 4 bytes a thread (32 x 32 and 1 byte where sizes are odd).
@@ -137,7 +137,7 @@ struct DelayedArgs {
     const float* scale;  // scale[row]
     float* scale_inv;    // 1 / scale[row], written by block 0
     uint8_t* out_t;      // [C, R] or null
-    float* partial;      // column sums of each quarter tile [4 row_tiles, C], or null
+    float* partial;      // column sums of each tile [row_tiles, C], or null
     float* amax;         // each block's max |x| [blocks], or null (no update)
 };
 
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads)
     QuantizeDelayedKernel(const Storage<S>* __restrict__ x, uint8_t* __restrict__ out, DelayedArgs a, bool vec) {
     constexpr int kPasses = kQTile * 8 / kThreads;  // rows a thread loads per tile
     __shared__ uint8_t codes[kQTile][kQTile + 4];
-    __shared__ float vals[kQTile][kQTile + 1];
+    __shared__ float warp_sums[kThreads / 32][kQTile];  // each warp's column sums of its 8 rows of the tile
     const float s = *a.scale;
     const int64_t tiles = a.row_tiles * a.col_tiles;
     const int lane = threadIdx.x % 8, sub = threadIdx.x / 8;
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int j = 0; j < 8; ++j) f[p][j] = LoadFloat<S>(next[p][j]);
         }
         if (t + gridDim.x < tiles) load(t + gridDim.x);
-        __syncthreads();  // the previous tile's readers of codes and vals are done
+        __syncthreads();  // the previous tile's readers of codes and warp_sums are done
 #pragma unroll
         for (int p = 0; p < kPasses; ++p) {
             const int i = sub + p * (kThreads / 8);
@@ -212,9 +212,22 @@ __global__ void __launch_bounds__(kThreads)
                 *reinterpret_cast<uint32_t*>(&codes[i][8 * lane]) = lo;  // rows 68 bytes apart: 4-byte aligned
                 *reinterpret_cast<uint32_t*>(&codes[i][8 * lane + 4]) = hi;
             }
-            if (a.partial) {
+        }
+        if (a.partial) {
+            // Column sums of the warp's 8 rows: its own 2 rows, then across the 4 row groups of the warp (xor
+            // shuffles: every lane gets the same sum in the same order).
+            float cs[8];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) vals[i][8 * lane + j] = f[p][j];
+            for (int j = 0; j < 8; ++j) {
+                cs[j] = f[0][j];
+#pragma unroll
+                for (int p = 1; p < kPasses; ++p) cs[j] += f[p][j];
+                cs[j] += __shfl_xor_sync(kFullLaneMask, cs[j], 8, kGroup);
+                cs[j] += __shfl_xor_sync(kFullLaneMask, cs[j], 16, kGroup);
+            }
+            if (threadIdx.x % 32 < 8) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) warp_sums[threadIdx.x / 32][8 * lane + j] = cs[j];
             }
         }
         if (!a.out_t && !a.partial) continue;
@@ -234,14 +247,11 @@ __global__ void __launch_bounds__(kThreads)
                 }
             }
         }
-        if (a.partial) {  // a thread per column and quarter of the tile (rows past R hold zeros)
-            const int col = threadIdx.x % kQTile, quarter = threadIdx.x / kQTile;
-            if (c0 + col < a.cols) {
-                float acc = 0.0f;
+        if (a.partial && threadIdx.x < kQTile && c0 + threadIdx.x < a.cols) {
+            float acc = 0.0f;
 #pragma unroll
-                for (int j = 0; j < kQTile / 4; ++j) acc += vals[quarter * (kQTile / 4) + j][col];
-                a.partial[(4 * ty + quarter) * a.cols + c0 + col] = acc;
-            }
+            for (int w = 0; w < kThreads / 32; ++w) acc += warp_sums[w][threadIdx.x];
+            a.partial[ty * a.cols + c0 + threadIdx.x] = acc;
         }
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) *a.scale_inv = 1.0f / s;
@@ -320,7 +330,7 @@ void Fp8QuantizeDelayed(KernelContext& ctx) {
     const unsigned grid = static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, kDelayedBlocks));
     Tensor partial, amax;
     if (colsum) {
-        partial = Tensor::Empty({4 * a.row_tiles, cols}, DataType::kFloat32, ctx.device);
+        partial = Tensor::Empty({a.row_tiles, cols}, DataType::kFloat32, ctx.device);
         a.partial = static_cast<float*>(partial.data());
     }
     if (update) {
@@ -347,8 +357,8 @@ void Fp8QuantizeDelayed(KernelContext& ctx) {
     });
     if (colsum && cols > 0) {
         const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
-        ColumnTilesKernel<<<blocks, 32 * kSumWarps, 0, s>>>(a.partial, static_cast<float*>(sums.data()),
-                                                            4 * a.row_tiles, cols);
+        ColumnTilesKernel<<<blocks, 32 * kSumWarps, 0, s>>>(a.partial, static_cast<float*>(sums.data()), a.row_tiles,
+                                                            cols);
         GPU_CHECK_LAUNCH("fp8_quantize_delayed_ (column sums)");
     }
     if (update) {
