@@ -159,6 +159,24 @@ def test_compiled_equals_eager(family, dtype):
             np.testing.assert_allclose(b, a, rtol=1.6e-2, atol=2e-2 * np.abs(a).max())
 
 
+def test_fused_residual_norm_with_float64_weights_over_a_float32_stream():
+    """Compiled x + y into layer_norm / rms_norm with float64 weights over float32 inputs gives the float32 norm of
+    the sum (float64 NumPy reference)."""
+    g = rng()
+    a, b, w, bias = (g.standard_normal(s) for s in ((2, 3, C), (2, 3, C), (C,), (C,)))
+    ta, tb = (it.tensor(v, dtype="float32", device=DEVICE) for v in (a, b))
+    tw, tbias = (it.tensor(v, dtype="float64", device=DEVICE) for v in (w, bias))
+    s = a.astype(np.float32).astype(np.float64) + b.astype(np.float32)
+    z = s - s.mean(-1, keepdims=True)
+    want_ln = z / np.sqrt((z * z).mean(-1, keepdims=True) + 1e-5) * w + bias
+    want_rms = s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-6) * w
+    ln = it.compile(lambda x, y: F.layer_norm(x + y, (C,), tw, tbias, eps=1e-5))(ta, tb)
+    rms = it.compile(lambda x, y: F.rms_norm(x + y, (C,), tw, eps=1e-6))(ta, tb)
+    for out, want in ((ln, want_ln), (rms, want_rms)):
+        assert out.dtype == "float32"
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def _ops(fn):
     with it.profiler.profile() as prof:
         fn()

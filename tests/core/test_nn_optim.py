@@ -237,6 +237,8 @@ def test_optimizer_bad_arguments():
         AdamW([])
     with pytest.raises(ValueError, match="betas"):
         AdamW([nn.Parameter(t(np.ones(2)))], betas=(1.0, 0.9))
+    with pytest.raises(ValueError, match=r"betas\[0\]"):
+        AdamW([nn.Parameter(t(np.ones(2)))], betas=(-float(rng().uniform(1e-3, 1.0)), 0.9))
     with pytest.raises(ValueError, match="learning rate"):
         SGD([nn.Parameter(t(np.ones(2)))], lr=-1.0)
 

@@ -193,6 +193,15 @@ def test_scatter_and_index_add():
     np.testing.assert_allclose(gs, np.take_along_axis(w, idx, 0))
 
 
+def test_clamp_with_tensor_bounds_broadcasts():
+    """clamp with a tensor min (and a number or tensor max) broadcasts the bounds as np.clip does."""
+    x, lo, hi = f64(4, 5), f64(5) - 0.5, f64(4, 1) + 0.5
+    xt = t(x, "float64")
+    np.testing.assert_array_equal(it.clamp(xt, min=t(lo, "float64")).numpy(), np.maximum(x, lo))
+    np.testing.assert_array_equal(it.clamp(xt, min=-0.25, max=t(hi, "float64")).numpy(), np.clip(x, -0.25, hi))
+    np.testing.assert_array_equal(it.clamp(xt, t(lo, "float64"), 0.75).numpy(), np.minimum(np.maximum(x, lo), 0.75))
+
+
 PROMOTIONS = [  # PyTorch's result_type for two tensors
     ("float32", "float64", "float64"),
     ("float32", "int64", "float32"),

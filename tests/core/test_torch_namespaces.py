@@ -27,6 +27,13 @@ def test_device_modules_exist_for_pytorch_names_and_providers():
         it.not_a_device  # noqa: B018
 
 
+def test_ops_names_no_namespace_for_an_unknown_prefix():
+    """it.ops.<prefix> where no op is named '<prefix>.<op>' is an AttributeError naming it (hasattr is False)."""
+    assert not hasattr(it.ops, "no_such_provider")
+    with pytest.raises(AttributeError, match=r"no op is named 'no_such_provider\.<op>'"):
+        it.ops.no_such_provider  # noqa: B018
+
+
 def test_device_module_of_the_device_under_test():
     kind = it.device(DEVICE).type
     if kind == "cpu":

@@ -114,6 +114,10 @@ STEP = {"SLURM_STEP_ID": "0"}
     [
         ({"SLURM_PROCID": "x", "SLURM_NTASKS": "2", **STEP}, "SLURM_PROCID='x': expected an integer >= 0"),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "0", **STEP}, "SLURM_NTASKS='0': expected an integer >= 1"),
+        (
+            {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "0", "SLURM_NTASKS": "2", **STEP},
+            "SLURM_STEP_NUM_TASKS='0': expected an integer >= 1",
+        ),
         ({"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "SLURM_NNODES": "1", **STEP}, "rank 2 of 2"),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_NNODES": "2", **STEP}, "no node list"),
         (

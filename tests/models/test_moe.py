@@ -220,3 +220,23 @@ def test_block_routes_every_token_to_k_experts_and_balancing_loss():
     np.testing.assert_array_equal(counts.numpy(), np.bincount(top.reshape(-1), minlength=E))
     aux = load_balancing_loss([moe.router_stats], E).item()
     assert aux == pytest.approx(E * (np.bincount(top.reshape(-1), minlength=E) / N * probs.mean(0)).sum(), rel=1e-12)
+
+
+def test_expert_parallel_block_on_one_rank_keeps_the_routing_statistics():
+    """ExpertParallelMoE on a one-rank region: router_stats hold the per-expert counts of the top-k routing and
+    the summed router probabilities, as float64 NumPy computes them."""
+    from infinitrain.models.moe import ExpertParallelMoE, SparseMoE
+    from infinitrain.parallel.layers import TPRegion
+
+    E, k, N, C = 6, 2, 20, 8
+    moe = SparseMoE(C, 12, num_experts=E, top_k=k, normalize=False, device=DEVICE)
+    moe.to("float64")
+    ep = ExpertParallelMoE(moe, None, TPRegion(None))
+    x = rng().standard_normal((2, N // 2, C))
+    ep(it.from_numpy(x, device=DEVICE))
+    counts, prob_sum, tokens = ep.router_stats
+    probs = softmax(x.reshape(N, C) @ moe.gate.weight.numpy().T)
+    top = np.argsort(-probs, -1, kind="stable")[:, :k]
+    assert tokens == N
+    np.testing.assert_array_equal(counts.numpy(), np.bincount(top.reshape(-1), minlength=E))
+    np.testing.assert_allclose(prob_sum.numpy(), probs.sum(0), rtol=1e-12)

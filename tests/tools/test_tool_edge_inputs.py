@@ -1,17 +1,24 @@
 """Tools' edge inputs: sample without a prompt (the end-of-text it starts from is not printed), lora_bench's
 measurements of a tiny model (step time within the wall time, AdamW's state two float32 moments a parameter), and
-torch_bench's worker on our side (one step time a step, each within the wall time)."""
+torch_bench's worker on our side (one step time a step, each within the wall time), lora_bench's printed table and
+ratios, opdoc's op table, and bench's microseconds a call on a stand-in clock."""
 
 import argparse
 import json
+import re
+import subprocess
+import sys
 import time
 
 import numpy as np
+import pytest
 
+from harness import child_env, rng
+from infinitrain import _C
 from infinitrain.data import ByteTokenizer
 from infinitrain.models import GPT2
 from infinitrain.models.gpt2 import GPT2Config
-from infinitrain.tools import lora_bench, sample, torch_bench
+from infinitrain.tools import lora_bench, opdoc, sample, torch_bench
 
 
 def test_sample_without_prompt_drops_the_start_token(tmp_path, capsys):
@@ -59,3 +66,52 @@ def test_torch_bench_worker_times_each_step(monkeypatch, capsys):
     times = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(times) == steps
     assert all(t > 0 for t in times) and sum(times) < wall
+
+
+def test_lora_bench_main_prints_each_runs_parameters_and_the_state_ratio(monkeypatch, capsys):
+    """lora_bench.main's table gives each run's trainable parameters in millions, and its optimizer-state ratio is
+    LoRA's trainable parameters over full fine-tuning's (AdamW keeps 8 bytes a parameter in both)."""
+    results = []
+
+    def recorded(args, rank):
+        results.append(run(args, rank))
+        return results[-1]
+
+    run = lora_bench.run
+    monkeypatch.setattr(lora_bench, "run", recorded)
+    vocab = int(rng().integers(32, 80))
+    lora_bench.main(["--n_layer=1", "--n_head=2", "--n_kv_head=1", "--n_embd=16", f"--vocab_size={vocab}",
+                     "--sequence_length=8", "--batch_size=2", "--steps=1", "--lora_rank=2"])  # fmt: skip
+    out = capsys.readouterr().out
+    full, lora = (r["trainable"] for r in results)
+    rows = [float(m) for m in re.findall(r"^\| [^|]+ \| ([0-9.]+)M \|", out, re.M)]
+    assert rows == [pytest.approx(full / 1e6, abs=5e-4), pytest.approx(lora / 1e6, abs=5e-4)]
+    ratio = float(re.search(r"optimizer state ([0-9.]+)x", out).group(1))
+    assert ratio == pytest.approx(lora / full, abs=5e-5)
+
+
+def test_opdoc_lists_the_required_and_fused_ops_but_no_provider_op():
+    """opdoc.render's table has one row per op of the table that is not a provider's, in table order, and counts
+    the required and fused ones."""
+    rows = re.findall(r"^\| `([^`]+)` \| (\w+) \|", opdoc.render(), re.M)
+    want = [(o["schema"], o["tier"]) for o in _C.ops() if o["tier"] in ("required", "fused")]
+    assert rows == want and {t for _, t in rows} == {"required", "fused"}
+    n_req = sum(t == "required" for _, t in want)
+    assert f"{len(want)} ops: {n_req} required, {len(want) - n_req} fused." in opdoc.render()
+
+
+def test_bench_per_call_us_is_microseconds_a_call():
+    """bench.per_call_us on a clock that each call of the measured function advances by c seconds returns c * 1e6
+    (run in a child: bench's flags share names with bench_gpu's)."""
+    c = float(rng().uniform(1e-7, 1e-3))
+    code = (
+        "import types\n"
+        "from infinitrain.tools import bench\n"
+        "now = [0.0]\n"
+        "bench.time = types.SimpleNamespace(perf_counter=lambda: now[0])\n"
+        f"def fn():\n    now[0] += {c!r}\n"
+        "print(repr(bench.per_call_us(fn, 7)))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert float(p.stdout) == pytest.approx(c * 1e6, rel=1e-6)

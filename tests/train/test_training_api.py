@@ -3,7 +3,9 @@ the train CLI would, to the same bits; a Strategy is the one place a step happen
 group."""
 
 import dataclasses
+import errno
 import math
+import os
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from harness import DEVICE, repo_file, rng
 from infinitrain.data import write_tokens
 from infinitrain.runs import UsageError, read_metrics
-from infinitrain.training import Local, RunConfig, Trainer, config
+from infinitrain.training import Local, RunConfig, Trainer, config, trainer
 
 SMALL = dict(model="gpt2", n_layer=1, n_head=2, n_embd=32, vocab_size=64, sequence_length=16, batch_size=4)
 
@@ -62,6 +64,14 @@ def test_run_config_refuses_bad_settings_when_made(change, needles):
         RunConfig(**change)
     for needle in needles:
         assert needle in str(e.value), str(e.value)
+
+
+def test_an_unreadable_token_file_is_a_usage_error_naming_the_flag(tmp_path):
+    """open_tokens turns an OSError into a usage error naming the flag, the system's reason and the path."""
+    missing = str(tmp_path / "missing.bin")
+    with pytest.raises(UsageError) as e:
+        trainer.open_tokens("--input_val_bin", missing, 2, 8)
+    assert str(e.value) == f"--input_val_bin: {os.strerror(errno.ENOENT)}: {missing}"
 
 
 def test_run_config_is_frozen_and_records_what_was_given():
