@@ -115,6 +115,13 @@ def test_to_the_same_device_returns_self():
         assert x.to(d) is x
 
 
+def test_to_its_own_dtype_returns_self():
+    """x.to(dtype) with dtype naming x's own dtype, even as a string built at run time, is x itself, as PyTorch."""
+    x = it.tensor(rng().standard_normal(3), dtype="float32", device=DEVICE)
+    for d in ("float32", "".join(["float", "32"]), it.float32):
+        assert x.to(d) is x and x.to(DEVICE, d) is x
+
+
 class _Cube(it.autograd.Function):
     @staticmethod
     def forward(ctx, x):

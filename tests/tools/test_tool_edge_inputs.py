@@ -115,3 +115,13 @@ def test_bench_per_call_us_is_microseconds_a_call():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)
     assert p.returncode == 0, p.stderr
     assert float(p.stdout) == pytest.approx(c * 1e6, rel=1e-6)
+
+
+def test_bench_train_throughput_counts_a_steps_tokens():
+    """bench.train_throughput returns a parameter count, the tokens of one step (its batch of 8 x 128) and a positive
+    median step time (run in a child, as above)."""
+    code = "from infinitrain.tools import bench\nprint(*bench.train_throughput('cpu', 1))\n"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=300)
+    assert p.returncode == 0, p.stderr
+    n, tokens, med = p.stdout.split()
+    assert int(n) > 0 and int(tokens) == 8 * 128 and float(med) > 0

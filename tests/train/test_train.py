@@ -89,7 +89,7 @@ def test_corrupt_checkpoint_is_refused(corpus, tmp_path):
     "flags,message",
     [
         (["--dtype=float16"], "float16"),
-        (["--total_batch_size=100"], "must be a multiple of"),
+        (["--total_batch_size=100"], "must be a multiple of batch_size*sequence_length*devices=64"),  # 4 x 16 x 1
         (["--device=nosuch"], "unknown device type 'nosuch'"),
         (["--batch_size=0"], "batch_size"),
         (["--resume"], "--resume needs --checkpoint_dir"),
