@@ -801,3 +801,25 @@ def test_set_num_threads():
 
 def test_tolerances_default():
     assert TOL["float32"][0] < 1e-5
+
+
+def test_cat_and_stack_promote_whichever_input_is_wider():
+    """cat and stack of a float32 and a float64 tensor, in either order, give float64 holding both inputs' values,
+    as PyTorch promotes."""
+    g = rng()
+    a, b = g.standard_normal((2, 3)).astype(np.float32), g.standard_normal((2, 3))
+    ta, tb = it.tensor(a, device=DEVICE), it.tensor(b, dtype="float64", device=DEVICE)
+    for xs, ref in (((ta, tb), (a, b)), ((tb, ta), (b, a))):
+        for fn, np_fn in ((it.cat, np.concatenate), (it.stack, np.stack)):
+            out = fn(list(xs))
+            assert out.dtype == "float64"
+            np.testing.assert_array_equal(out.numpy(), np_fn([r.astype(np.float64) for r in ref]))
+
+
+def test_flatten_default_end_dim_is_the_last():
+    """x.flatten(start) joins every dim from start to the last, as PyTorch's default end_dim=-1."""
+    x = rng().standard_normal((2, 3, 4, 5))
+    t = it.tensor(x, device=DEVICE)
+    assert tuple(t.flatten(1).shape) == (2, 60)
+    np.testing.assert_array_equal(t.flatten(1).numpy(), x.reshape(2, 60))
+    assert tuple(t.flatten().shape) == (120,)

@@ -57,3 +57,12 @@ def test_load_balancing_loss_sums_every_layer():
     ]
     want = E * float((sum(counts) * sum(probs)).sum()) / float(sum(tokens)) ** 2
     assert load_balancing_loss(stats, E).item() == pytest.approx(want, rel=1e-12)
+
+
+def test_mixtral_head_dim_defaults_to_hidden_over_heads():
+    """A Mixtral config without head_dim takes hidden_size / num_attention_heads (32 / 4 here), as Hugging Face's;
+    where the heads do not divide the width (12 / 8) it is refused, not rounded down."""
+    assert "head_dim" not in MIXTRAL
+    assert mixtral.config_from_hf(MIXTRAL).head_dim == 32 // 4
+    with pytest.raises(ValueError, match=r"n_embd \(12\) must be divisible by n_head \(8\)"):
+        mixtral.config_from_hf(dict(MIXTRAL, hidden_size=12, num_attention_heads=8))

@@ -283,3 +283,14 @@ def test_generate_from_a_one_token_prompt():
     np.testing.assert_array_equal(got, seq)
     with pytest.raises(ValueError, match="non-empty"):
         m.generate(np.zeros((2, 0), np.int64), 3)
+
+
+def test_llama3_defaults_and_presets_keep_the_published_values():
+    """LLaMA 3's default context is 8192 tokens, and the llama3 presets use its vocabulary of 128256 and RoPE base
+    of 500000 (Meta's published configuration)."""
+    from infinitrain.models.llama3 import FAMILY
+
+    assert LLaMA3Config().block_size == 8192
+    for preset in FAMILY.presets:
+        if preset.fields:
+            assert preset.fields["vocab_size"] == 128256 and preset.fields["rope_theta"] == 500000.0, preset.name

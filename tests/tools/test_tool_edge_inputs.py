@@ -18,7 +18,7 @@ from infinitrain import _C
 from infinitrain.data import ByteTokenizer
 from infinitrain.models import GPT2
 from infinitrain.models.gpt2 import GPT2Config
-from infinitrain.tools import lora_bench, opdoc, sample, torch_bench
+from infinitrain.tools import lora_bench, opdoc, run_matrix, sample, torch_bench
 
 
 def test_sample_without_prompt_drops_the_start_token(tmp_path, capsys):
@@ -125,3 +125,18 @@ def test_bench_train_throughput_counts_a_steps_tokens():
     assert p.returncode == 0, p.stderr
     n, tokens, med = p.stdout.split()
     assert int(n) > 0 and int(tokens) == 8 * 128 and float(med) > 0
+
+
+def test_run_matrix_reads_only_the_step_losses(tmp_path):
+    """run_matrix's training run returns the train_loss of each "step" record of the metrics file, in order, and
+    skips the config and validation records (a stand-in trainer writes the file)."""
+    losses = [float(v) for v in rng().uniform(1, 5, 4)]
+    steps = [{"kind": "step", "train_loss": v} for v in losses]
+    records = [{"kind": "config"}, *steps[:2], {"kind": "val", "val_loss": 9.0, "train_loss": 8.0}, *steps[2:]]
+    code = (
+        "import json, sys\n"
+        "path = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--metrics_file=')][0]\n"
+        f"open(path, 'w').write(''.join(json.dumps(r) + '\\n' for r in {records!r}))\n"
+    )
+    got, err = run_matrix._train([sys.executable, "-c", code], [], str(tmp_path / "m.jsonl"), str(tmp_path), 60)
+    assert err == "" and got == losses
