@@ -1,7 +1,9 @@
 """Loader edge cases: resuming from a state saved right after an epoch's last batch, a DeviceLoader's state
-(the batches handed out, not the one copied ahead), token_file_identity covering the file's last bytes and recording
-its size, and the length of a utils.data.DataLoader over a sized IterableDataset with drop_last."""
+(the batches handed out, not the one copied ahead), token_file_identity covering the file's last bytes, digesting
+evenly spread blocks and recording its size, and the length of a utils.data.DataLoader over a sized IterableDataset
+with drop_last."""
 
+import hashlib
 import os
 
 import numpy as np
@@ -9,7 +11,7 @@ import numpy as np
 import infinitrain as it
 from infinitrain.data import DataLoader, write_tokens
 from infinitrain.data.device import DeviceLoader
-from infinitrain.data.tokens import token_file_identity
+from infinitrain.data.tokens import HEADER_BYTES, token_file_identity
 
 
 def test_resume_from_the_end_of_an_epoch():
@@ -90,3 +92,23 @@ def test_token_file_identity_size_is_the_file_size(tmp_path):
         ident = token_file_identity(path)
         assert ident["size"] == os.path.getsize(path)
         assert ident["n_tokens"] == len(tokens) and ident["kind"] == kind
+
+
+def test_token_file_identity_digests_evenly_spread_blocks(tmp_path):
+    """With more payload than the samples cover, the digest is SHA-256 of the header then `samples` blocks
+    starting at floor(i * (payload - sample_bytes) / (samples - 1)), read here from the file's bytes."""
+    g = np.random.default_rng()
+    samples, sample_bytes = 5, 16
+    count = int(g.integers(100, 2000))
+    if (2 * count) & sample_bytes:
+        count += sample_bytes // 2
+    path = tmp_path / "t.bin"
+    write_tokens(path, g.integers(0, 50000, size=count).astype(np.uint16))
+    data = path.read_bytes()
+    payload = len(data) - HEADER_BYTES
+    want = hashlib.sha256(data[:HEADER_BYTES])
+    for i in range(samples):
+        start = HEADER_BYTES + i * (payload - sample_bytes) // (samples - 1)
+        want.update(data[start : start + sample_bytes])
+    ident = token_file_identity(path, samples=samples, sample_bytes=sample_bytes)
+    assert ident["sample_sha256"] == want.hexdigest()

@@ -240,3 +240,32 @@ def test_expert_parallel_block_on_one_rank_keeps_the_routing_statistics():
     assert tokens == N
     np.testing.assert_array_equal(counts.numpy(), np.bincount(top.reshape(-1), minlength=E))
     np.testing.assert_allclose(prob_sum.numpy(), probs.sum(0), rtol=1e-12)
+
+
+def test_expert_parallel_block_on_one_rank_matches_numpy():
+    """ExpertParallelMoE on a one-rank region runs every expert on its routed rows: its output is the gate-weighted
+    sum of each token's top-k SwiGLU experts, computed per token in float64 NumPy."""
+    from infinitrain.models.moe import ExpertParallelMoE, SparseMoE
+    from infinitrain.parallel.layers import TPRegion
+
+    it.manual_seed(9)
+    E, k, N, C = 4, 2, 24, 8
+    moe = SparseMoE(C, 12, num_experts=E, top_k=k, normalize=False, device=DEVICE)
+    moe.to("float64")
+    ep = ExpertParallelMoE(moe, None, TPRegion(None))
+    x = rng().standard_normal((2, N // 2, C))
+    out = ep(it.from_numpy(x, device=DEVICE)).numpy().reshape(N, C)
+    params = {n: p.numpy() for n, p in moe.named_parameters()}
+    xs = x.reshape(N, C)
+    probs = softmax(xs @ params["gate.weight"].T)
+    top = np.argsort(-probs, -1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, top, -1)
+    want = np.zeros_like(xs)
+    for n in range(N):
+        for j in range(k):
+            e = f"experts.{top[n, j]}."
+            g = xs[n] @ params[e + "gate_proj.weight"].T
+            h = g / (1 + np.exp(-g)) * (xs[n] @ params[e + "up_proj.weight"].T)
+            want[n] += w[n, j] * (h @ params[e + "down_proj.weight"].T)
+    assert np.bincount(top.reshape(-1), minlength=E).min() > 0
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)

@@ -151,6 +151,24 @@ def test_trace_of_a_training_step_holds_the_ops_it_dispatched(tmp_path):
     assert len(table) == 2 + 5 + 1 and table[-1].startswith(f"| all {len(dispatched)} ops | {sum(host.values())} |")
 
 
+def test_write_profile_lists_the_top_15_ops(tmp_path):
+    """write_profile (the train CLI's --profile_steps output) keeps the 15 ops with the most device time in its
+    table, printed and in the Markdown file, and sums every op in the last row."""
+    from infinitrain.training.trainer import write_profile
+
+    a = it.from_numpy(rng().uniform(0.5, 1.0, (8, 8)), device=DEVICE)
+    unary = ["exp", "log", "tanh", "sqrt", "abs", "neg", "sin", "cos", "sigmoid", "relu", "rsqrt", "floor"]
+    with it.profiler.profile() as prof:
+        outs = [getattr(a, op)() for op in unary] + [a + a, a * a, a - a, a / a, a @ a]
+    outs[-1].numpy()
+    ops = {r.op for r in prof.records}
+    assert len(ops) >= 17, ops
+    write_profile(prof, str(tmp_path), "t", [2, 3])
+    md = (tmp_path / "t.profile.md").read_text().splitlines()
+    rows = [line for line in md if line.startswith("| ")][1:]
+    assert len(rows) == 15 + 1 and rows[-1].startswith(f"| all {len(ops)} ops | {len(prof.records)} |")
+
+
 def test_train_profile_steps_writes_table_and_trace(tmp_path):
     corpus = tmp_path / "train.bin"
     write_tokens(corpus, np.tile(rng().integers(0, 40, size=9), 100), kind="gpt2")
