@@ -136,6 +136,21 @@ def test_data_parallel_matches_one_device(model, corpus):
     assert abs(val[0] - val[1]) <= 1e-5, val  # validation sees the same global batch
 
 
+@pytest.mark.skipif(_data_parallel_kind() is None, reason="needs two devices with a CCL (or the sim provider)")
+def test_nthread_per_process_trains_on_that_many_devices(corpus):
+    """--nthread_per_process=2 on device 0 trains on devices 0 and 1: the curve of --devices with both, and the
+    losses of one device with their global batch (2 rows each, 4 in all)."""
+    kind = _data_parallel_kind()
+    tiny = [f for f in TINY if not f.startswith("--batch_size")]
+    args = [f"--input_bin={corpus}", "--num_iteration=3", "--warmup_steps=1", *tiny]
+    threads = run_train(*args, f"--device={kind}:0", "--nthread_per_process=2", "--batch_size=2").stdout
+    two = run_train(*args, f"--devices={kind}:0,{kind}:1", "--batch_size=2").stdout
+    one = run_train(*args, f"--device={kind}:0", "--batch_size=4").stdout
+    assert losses(threads) == losses(two) and sorted(losses(threads)) == [1, 2, 3]
+    for s, loss in losses(one).items():
+        assert abs(float(losses(threads)[s]) - float(loss)) <= 1e-5, (s, threads, one)
+
+
 @pytest.mark.skipif(not DEVICE.startswith("sim"), reason="needs the sim provider's INFINITRAIN_SIM_SKIP_OPS")
 def test_training_through_composites_matches_the_cpu(corpus):
     """With the fused ops' kernels removed, the composites carry training, and the curve matches the CPU's."""

@@ -435,3 +435,66 @@ def test_router_aux_loss_coef_weighs_the_balancing_loss(tokens, tmp_path):
     for model_flags in (["--model=gpt2"], ["--model=qwen3"]):
         p = run_train(*hf_flags(tokens, vocab_size=V), *model_flags, "--router_aux_loss_coef=0.1", check=False)
         assert p.returncode == 2 and "--router_aux_loss_coef applies to mixture-of-experts models" in p.stderr, p.stderr
+
+
+def schedule_lrs(model_path, tokens_path, tmp_path, n, **kw):
+    """step -> lr of an n-step run, as its metrics record (unrounded)."""
+    from infinitrain.runs import read_metrics
+
+    metrics = tmp_path / "m.jsonl"
+    run_train(*base(model_path, tokens_path, num_iteration=n, **kw), f"--metrics_file={metrics}")
+    return {s: r["lr"] for s, r in read_metrics(metrics)[1].items()}
+
+
+def test_lr_warmup_init_starts_the_warmup_there(model_file, tokens, tmp_path):
+    """The warmup climbs linearly from --lr_warmup_init (not 0) to --learning_rate: 0.001, 0.00175, 0.0025, 0.00325."""
+    lrs = schedule_lrs(model_file[0], tokens, tmp_path, 4, learning_rate=0.004, warmup_steps=4, lr_warmup_init=0.001)
+    assert lrs == {s: pytest.approx(0.001 + 0.003 * (s - 1) / 4, rel=1e-6) for s in range(1, 5)}
+
+
+def test_lr_decay_style_linear_decays_in_a_straight_line(model_file, tokens, tmp_path):
+    """--lr_decay_style=linear: from --learning_rate down to a tenth of it in equal steps (not a cosine)."""
+    lrs = schedule_lrs(model_file[0], tokens, tmp_path, 4, learning_rate=0.004, lr_decay_style="linear")
+    assert lrs == {s: pytest.approx(0.004 - 0.0036 * (s - 1) / 4, rel=1e-6) for s in range(1, 5)}
+
+
+def test_min_lr_is_where_the_cosine_ends(model_file, tokens, tmp_path):
+    """The cosine decays to --min_lr (not --learning_rate / 10): min + (lr - min) * (1 + cos(pi * s / 4)) / 2."""
+    lrs = schedule_lrs(model_file[0], tokens, tmp_path, 4, learning_rate=0.004, min_lr=0.002)
+    want = {s: 0.002 + 0.002 * (1 + math.cos(math.pi * (s - 1) / 4)) / 2 for s in range(1, 5)}
+    assert lrs == {s: pytest.approx(v, rel=1e-6) for s, v in want.items()}
+
+
+def test_optimizer_picks_the_update_rule(model_file, tokens, tmp_path):
+    """After one step, Adam's second moment over the squared first is (1 - 0.999) / (1 - 0.9)^2 = 0.1, AdamW's
+    (1 - 0.95) / 0.01 = 5; SGD keeps no state and moves each weight by -lr * g (g: AdamW's first moment / 0.1)."""
+    path, _ = model_file
+    lr, state = 0.01, {}
+    for opt in ("adamw", "adam", "sgd"):
+        d = str(tmp_path / opt)
+        run_train(*base(path, tokens, d, learning_rate=lr, optimizer=opt))
+        state[opt] = ckpt_tensors(d, 1)
+    for opt, ratio in (("adamw", 5.0), ("adam", 0.1)):
+        t = state[opt]
+        m = {k[len("optim.m.") :]: v.astype(np.float64) for k, v in t.items() if k.startswith("optim.m.")}
+        assert len(m) == 28, sorted(t)
+        for name, mk in m.items():
+            vk = t[f"optim.v.{name}"].astype(np.float64)
+            big = np.abs(mk) > 1e-4  # where float32 keeps the ratio's digits
+            np.testing.assert_allclose(vk[big] / mk[big] ** 2, ratio, rtol=1e-3, err_msg=f"{opt} {name}")
+    assert not [k for k in state["sgd"] if k.startswith("optim.")]
+    params = model_file[1]
+    start = {"wte.weight": params["wte"], "ln_f.bias": params["lnf_b"]}
+    start["h.0.mlp.c_fc.weight"] = params["layers"][0]["fc_w"]
+    sgd = model_tensors(state["sgd"])
+    order = list(sgd)  # the optimizer's state is indexed by parameter, in the model's order
+    for name, p0 in start.items():
+        g = state["adamw"][f"optim.m.{order.index(name)}"].astype(np.float64) / (1 - BETA1)
+        np.testing.assert_allclose(sgd[name] - p0, -lr * g, rtol=1e-4, atol=1e-7, err_msg=name)
+
+
+def test_max_checkpoint_keep_deletes_the_older_checkpoints(model_file, tokens, tmp_path):
+    """Saving every step of 5 with --max_checkpoint_keep=3 leaves the newest three (steps 3, 4, 5)."""
+    ckpt = tmp_path / "ckpt"
+    run_train(*base(model_file[0], tokens, str(ckpt), num_iteration=5, checkpoint_every=1, max_checkpoint_keep=3))
+    assert sorted(p.name for p in ckpt.glob("ckpt_*")) == [f"ckpt_{s:08d}.bin" for s in (3, 4, 5)]
