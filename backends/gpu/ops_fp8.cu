@@ -35,6 +35,19 @@ __device__ __forceinline__ float LoadFloat(Storage<S> v) {
     }
 }
 
+// The dtypes the quantize kernels read.
+template <DataType S>
+constexpr bool kFp8Source =
+    S == DataType::kFloat32 || S == DataType::kFloat64 || S == DataType::kBFloat16 || S == DataType::kFloat16;
+
+// Whether 8 elements a thread fit: 16-byte loads of x, 8-byte stores of out, runs of 8 (n: the row length, or the
+// element count of a flat pass).
+template <DataType S>
+bool EightWide(const Storage<S>* x, const uint8_t* out, int64_t n) {
+    return S != DataType::kFloat64 && n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(out) % 8 == 0;
+}
+
 // Two quantized codes (lo in bits 0-7, hi in 8-15): QuantizeFp8's, by the vendor's conversion where it has one.
 template <bool kE5M2>
 __device__ __forceinline__ uint32_t QuantizePair(float lo, float hi, float s) {
@@ -99,14 +112,12 @@ void Fp8Quantize(KernelContext& ctx) {
     const bool e5m2 = out.dtype() == DataType::kFloat8E5M2;
     DispatchAll(x.dtype(), [&](auto sc) {
         constexpr DataType S = decltype(sc)::value;
-        if constexpr (S == DataType::kFloat32 || S == DataType::kFloat64 || S == DataType::kBFloat16 ||
-                      S == DataType::kFloat16) {
+        if constexpr (kFp8Source<S>) {
             auto* xp = static_cast<const Storage<S>*>(x.data());
             auto* op = static_cast<uint8_t*>(out.data());
             auto* sp = static_cast<const float*>(scale.data());
             auto* ap = static_cast<unsigned int*>(amax.data());
-            const bool vec = S != DataType::kFloat64 && n % 8 == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 &&
-                             reinterpret_cast<uintptr_t>(op) % 8 == 0;
+            const bool vec = EightWide<S>(xp, op, n);
             if constexpr (S != DataType::kFloat64) {
                 if (vec) {
                     auto* o8 = reinterpret_cast<uint2*>(op);
@@ -339,12 +350,10 @@ void Fp8QuantizeDelayed(KernelContext& ctx) {
     }
     DispatchAll(x.dtype(), [&](auto sc) {
         constexpr DataType S = decltype(sc)::value;
-        if constexpr (S == DataType::kFloat32 || S == DataType::kFloat64 || S == DataType::kBFloat16 ||
-                      S == DataType::kFloat16) {
+        if constexpr (kFp8Source<S>) {
             auto* xp = static_cast<const Storage<S>*>(x.data());
             auto* op = static_cast<uint8_t*>(out.data());
-            const bool vec = S != DataType::kFloat64 && cols % 8 == 0 && reinterpret_cast<uintptr_t>(xp) % 16 == 0 &&
-                             reinterpret_cast<uintptr_t>(op) % 8 == 0;
+            const bool vec = EightWide<S>(xp, op, cols);
             if (e5m2) {
                 QuantizeDelayedKernel<S, true><<<grid, kThreads, 0, s>>>(xp, op, a, vec);
             } else {

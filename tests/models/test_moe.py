@@ -16,6 +16,24 @@ def softmax(x):
     return z / z.sum(-1, keepdims=True)
 
 
+def moe_reference(x, params, k, normalize):
+    """A SparseMoE block in float64 NumPy, token by token: softmax gating, the top-k experts (renormalised when
+    `normalize`), each a SwiGLU MLP, summed with their gates. Returns (out, probs, top)."""
+    probs = softmax(x @ params["gate.weight"].T)
+    top = np.argsort(-probs, -1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, top, -1)
+    if normalize:
+        w /= w.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    for n in range(x.shape[0]):
+        for j in range(k):
+            e = f"experts.{top[n, j]}."
+            g = x[n] @ params[e + "gate_proj.weight"].T
+            h = g / (1 + np.exp(-g)) * (x[n] @ params[e + "up_proj.weight"].T)
+            out[n] += w[n, j] * (h @ params[e + "down_proj.weight"].T)
+    return out, probs, top
+
+
 def ref_topk(x, k, normalize):
     experts = np.argsort(-x, axis=-1, kind="stable")[:, :k]
     chosen = np.take_along_axis(x, experts, -1)
@@ -205,17 +223,7 @@ def test_block_routes_every_token_to_k_experts_and_balancing_loss():
     assert tokens == N and counts.numpy().sum() == N * k  # dropless: exactly k experts per token
     # NumPy reference of the block: softmax gating, top-2 of 8, renormalised, SwiGLU experts.
     params = {n: p.numpy() for n, p in moe.named_parameters()}
-    probs = softmax(x @ params["gate.weight"].T)
-    top = np.argsort(-probs, -1, kind="stable")[:, :k]
-    w = np.take_along_axis(probs, top, -1)
-    w /= w.sum(-1, keepdims=True)
-    want = np.zeros_like(x)
-    for n in range(N):
-        for j in range(k):
-            e = f"experts.{top[n, j]}."
-            g = x[n] @ params[e + "gate_proj.weight"].T
-            h = g / (1 + np.exp(-g)) * (x[n] @ params[e + "up_proj.weight"].T)
-            want[n] += w[n, j] * (h @ params[e + "down_proj.weight"].T)
+    want, probs, top = moe_reference(x, params, k, normalize=True)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(counts.numpy(), np.bincount(top.reshape(-1), minlength=E))
     aux = load_balancing_loss([moe.router_stats], E).item()
@@ -256,16 +264,6 @@ def test_expert_parallel_block_on_one_rank_matches_numpy():
     x = rng().standard_normal((2, N // 2, C))
     out = ep(it.from_numpy(x, device=DEVICE)).numpy().reshape(N, C)
     params = {n: p.numpy() for n, p in moe.named_parameters()}
-    xs = x.reshape(N, C)
-    probs = softmax(xs @ params["gate.weight"].T)
-    top = np.argsort(-probs, -1, kind="stable")[:, :k]
-    w = np.take_along_axis(probs, top, -1)
-    want = np.zeros_like(xs)
-    for n in range(N):
-        for j in range(k):
-            e = f"experts.{top[n, j]}."
-            g = xs[n] @ params[e + "gate_proj.weight"].T
-            h = g / (1 + np.exp(-g)) * (xs[n] @ params[e + "up_proj.weight"].T)
-            want[n] += w[n, j] * (h @ params[e + "down_proj.weight"].T)
+    want, _, top = moe_reference(x.reshape(N, C), params, k, normalize=False)
     assert np.bincount(top.reshape(-1), minlength=E).min() > 0
     np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
