@@ -575,9 +575,6 @@ def test_lora_dropout_drops_the_adapters_input_in_training(model_file, tokens, t
     assert dev[0.1] > 0.1 and 1.5 * dev[0.1] < dev[0.5] < 6 * dev[0.1], dev
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Local.evaluate runs the model in training mode, so LoRA dropout acts on the val loss"
-)
 def test_lora_dropout_leaves_the_validation_alone(model_file, tokens, tmp_path):
     """Evaluation drops nothing: the val loss after a step with --lora_dropout=0.5 is the merged weights' loss."""
     _, val_loss, w, batch = lora_step(model_file[0], tokens, str(tmp_path / "p"), learning_rate=1.0, lora_dropout=0.5)

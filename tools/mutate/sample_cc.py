@@ -17,7 +17,7 @@ Each mutant's tests run twice, at 1 and 2 OpenMP threads (a kernel's serial and 
 failure; a test process that dies of a signal (an abort, a fault) counts as a kill; a mutant that does not compile
 is reported as not built and not scored (as mutation tools do with stillborn mutants). Run it in a clone of its own
 (see docs/mutation_python.md): the files are edited in place and restored after each mutant, also on Ctrl-C, SIGTERM
-or an error. The GPU kernels (backends/gpu) are not sampled here: their mutants need the GPU machine to run.
+or an error. The GPU kernels (backends/gpu) are sampled by sample_gpu.py: compiled here, run on the GPU machine.
 """
 
 import argparse
