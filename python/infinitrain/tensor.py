@@ -28,6 +28,31 @@ def _check_dtype(dtype):
     return dtype
 
 
+class _Meta:
+    """A tensor on the "meta" device: its shape and dtype, no storage, and the last initialisation applied to it
+    (a fill, a random draw's seed and offset, or the values to copy), which materialize() replays on a real device.
+    A model built there costs no memory; a sharded model materialises only what each rank owns."""
+
+    __slots__ = ("shape", "dtype", "init")
+    device = "meta"
+
+    def __init__(self, shape, dtype, init=None):
+        self.shape, self.dtype, self.init = tuple(shape), dtype, init
+
+    @property
+    def numel(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __repr__(self):  # shown in a native op's refusal of it
+        return f"<meta tensor {self.dtype}{list(self.shape)}: no data; materialise it on a device first>"
+
+    def __getattr__(self, name):  # what Python code would read of a native tensor
+        raise RuntimeError(
+            f"a tensor on the meta device has no data ({name}): a model built on device 'meta' runs once "
+            "FullyShardedDataParallel has materialised it (--zero_stage=3)"
+        )
+
+
 class Tensor:
     __slots__ = (
         "_t",
@@ -72,6 +97,10 @@ class Tensor:
     @property
     def is_cpu(self):
         return self._t.device == "cpu"
+
+    @property
+    def is_meta(self):
+        return type(self._t) is _Meta
 
     def get_device(self):
         """The device index, -1 for the cpu (PyTorch's)."""
@@ -247,15 +276,19 @@ class Tensor:
 
     # ---- in place (no autograd) ----
     def zero_(self):
-        dispatch.call("fill_", [self], [0.0])
-        return self
+        return self.fill_(0.0)
 
     def fill_(self, value):
+        if type(self._t) is _Meta:
+            self._t.init = ("fill", float(value))
+            return self
         dispatch.call("fill_", [self], [float(value)])
         return self
 
     def copy_(self, src, non_blocking=False):
         """Copies src's values into this tensor (converting dtype; from another device too)."""
+        if type(self._t) is _Meta:
+            return load_(self, lambda: src.numpy() if isinstance(src, Tensor) else np.asarray(src))
         if not isinstance(src, Tensor):
             src = tensor(src, dtype=self.dtype, device=self.device)
         if src.device != self.device:
@@ -264,14 +297,19 @@ class Tensor:
         return self
 
     def normal_(self, mean=0.0, std=1.0, generator=None):
-        seed, offset = (generator or _random.default_generator).advance(self.numel())
-        dispatch.call("normal_", [self], [float(mean), float(std), seed, offset])
-        return self
+        return self._random_("normal_", float(mean), float(std), generator)
 
     def uniform_(self, from_=0.0, to=1.0, *, generator=None):
-        low, high = from_, to
+        return self._random_("uniform_", float(from_), float(to), generator)
+
+    def _random_(self, op, a, b, generator):
+        # Counter-based draws: the seed and offset are the whole draw, so a meta tensor records them and its
+        # materialisation on any device gives the numbers this call would have.
         seed, offset = (generator or _random.default_generator).advance(self.numel())
-        dispatch.call("uniform_", [self], [float(low), float(high), seed, offset])
+        if type(self._t) is _Meta:
+            self._t.init = (op, a, b, seed, offset)
+        else:
+            dispatch.call(op, [self], [a, b, seed, offset])
         return self
 
     def new_ones(self, *size, dtype=None, device=None, requires_grad=False, layout=None, pin_memory=False):
@@ -301,6 +339,10 @@ def from_numpy(ndarray, dtype=None, device="cpu", requires_grad=False, pin_memor
     """A tensor holding a copy of `ndarray` (NumPy floats keep their width unless dtype says otherwise)."""
     arr = np.asarray(ndarray)
     dtype = _native_dtype_of(arr, dtype)
+    if device == "meta":
+        held = arr.copy()
+        t = Tensor(_Meta(arr.shape, dtype, ("data", lambda: held)))
+        return t.requires_grad_() if requires_grad else t
     carrier = np.float32 if dtype in dtypes.FLOAT32_CARRIED else np.dtype(dtype)
     # ascontiguousarray makes 0-d arrays 1-d; keep the shape.
     native = _C.from_numpy(np.ascontiguousarray(arr, dtype=carrier).reshape(arr.shape), dtype, device, pin_memory)
@@ -333,8 +375,40 @@ def _shape(shape):
 
 def empty(*size, out=None, dtype=None, device=None, requires_grad=False, pin_memory=False, memory_format=None):
     dtype = dtype or dtypes.get_default_dtype()
-    t = Tensor(_C.empty(list(_shape(size)), _check_dtype(dtype), device or "cpu", pin_memory))
+    if device == "meta":
+        t = Tensor(_Meta(_shape(size), _check_dtype(dtype)))
+    else:
+        t = Tensor(_C.empty(list(_shape(size)), _check_dtype(dtype), device or "cpu", pin_memory))
     return t.requires_grad_() if requires_grad else t
+
+
+def load_(t, read):
+    """Copies read() (a NumPy array of t's shape) into t, or, for a meta tensor, records read to be called when it is
+    materialised: a sharded model then reads only the slices of a file that its rank owns."""
+    if type(t._t) is _Meta:
+        t._t.init = ("data", read)
+        return t
+    arr = np.asarray(read())
+    if tuple(arr.shape) != tuple(t.shape):
+        raise ValueError(f"load_: values of shape {tuple(arr.shape)} for a tensor of shape {tuple(t.shape)}")
+    return t.copy_(from_numpy(arr, dtype=t.dtype))
+
+
+def materialize(t, device):
+    """A meta tensor's values on `device` (its recorded initialisation replayed: the same numbers the build would
+    have given there), as a new Tensor; a tensor with storage is returned as it is."""
+    m = t._t
+    if type(m) is not _Meta:
+        return t
+    out = empty(*m.shape, dtype=m.dtype, device=device)
+    kind = m.init[0] if m.init else None
+    if kind == "fill":
+        out.fill_(m.init[1])
+    elif kind in ("normal_", "uniform_"):
+        dispatch.call(kind, [out], list(m.init[1:]))
+    elif kind == "data":
+        load_(out, m.init[1])
+    return out
 
 
 def _fill_dtype(value):

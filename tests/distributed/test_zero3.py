@@ -33,13 +33,18 @@ dist.init_process_group()
 RANK, WORLD = dist.get_rank(), dist.get_world_size()
 DEV = "cpu" if KIND == "cpu" else f"{KIND}:{int(os.environ['LOCAL_RANK']) % it.runtime.device_count(KIND)}"
 
-it.manual_seed(int(os.environ["TEST_SEED"]) + RANK)  # different on every rank: the wrapper takes rank 0's
+# Sharded initialisation (TEST_META): built on device "meta", each rank materialising what it owns, which needs the
+# same seed on every rank ("skew": not, to be refused). Otherwise different on every rank: the wrapper takes rank 0's.
+META = os.environ.get("TEST_META", "")
+it.manual_seed(int(os.environ["TEST_SEED"]) + (RANK if META in ("", "skew") else 0))
+BUILD = "meta" if META else DEV
 if MODEL == "gpt2":
-    model = GPT2(GPT2Config(block_size=T, vocab_size=61, padded_vocab_size=64, n_layer=3, n_head=2, n_embd=32), DEV)
+    model = GPT2(GPT2Config(block_size=T, vocab_size=61, padded_vocab_size=64, n_layer=3, n_head=2, n_embd=32), BUILD)
     blocks = list(model.h)
 else:
-    model = LLaMA3(LLaMA3Config(T, 61, 3, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16), DEV)
+    model = LLaMA3(LLaMA3Config(T, 61, 3, 4, 2, 32, ffn_dim_multiplier=1.0, multiple_of=16), BUILD)
     blocks = list(model.h)
+WHOLE_BYTES = sum(p.numel() * 4 for p in model.parameters())
 trainable = list(model.parameters())
 if os.environ.get("TEST_LORA"):  # adapters on the blocks: the root (embeddings, head) frozen
     from infinitrain.models import lora
@@ -48,7 +53,8 @@ if os.environ.get("TEST_LORA"):  # adapters on the blocks: the root (embeddings,
 total = sum(p.numel() for p in model.parameters())
 HYPER = {"lr": 3e-3, "eps": 1e-6, "weight_decay": 0.1}
 if MODE == "zero3":
-    net = dist.FullyShardedDataParallel(model, blocks)
+    net = dist.FullyShardedDataParallel(model, blocks, device=DEV)
+    INIT_PEAK = it.runtime.max_memory_allocated("cpu")  # the host's peak while building and sharding
     opt = dist.ZeroRedundancyOptimizer(trainable, it.optim.AdamW, stage=3, fsdp=net, **HYPER)
     held = sum(p.numel() for p in model.parameters())
     largest = max(net.shapes[id(p)][0] * int(np.prod(net.shapes[id(p)][1:])) for p in net.params)
@@ -115,12 +121,12 @@ for step in range(STEPS):
     losses.append(float(t.numpy()[0]))
 if RANK == 0:
     with open(os.environ["TEST_OUT"], "w") as f:
-        json.dump({"losses": losses}, f)
+        json.dump({"losses": losses, "init_peak": globals().get("INIT_PEAK"), "whole_bytes": WHOLE_BYTES}, f)
 print(f"rank {RANK} ok", flush=True)
 """
 
 
-def run(tmp_path, n, model, name, mode="zero3", **env):
+def run(tmp_path, n, model, name, mode="zero3", check=True, **env):
     script = tmp_path / "zero3_worker.py"
     script.write_text(textwrap.dedent(WORKER))
     out = tmp_path / f"{name}.json"
@@ -128,6 +134,8 @@ def run(tmp_path, n, model, name, mode="zero3", **env):
     full.update(TEST_MODEL=model, TEST_MODE=mode, TEST_OUT=str(out), **{k: str(v) for k, v in env.items()})
     cmd = [sys.executable, "-m", "infinitrain.run", f"--nproc_per_node={n}", "--master_port=0", str(script)]
     p = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=300)
+    if not check:
+        return p
     assert p.returncode == 0, p.stdout + p.stderr
     with open(out) as f:
         return json.load(f)
@@ -145,6 +153,26 @@ def test_zero3_equals_one_process_on_the_global_batch(tmp_path, model, lora, n):
     one = run(tmp_path, 1, model, "one", mode="plain", TEST_LORA=lora, **s)
     sharded = run(tmp_path, n, model, "sharded", TEST_LORA=lora, **s)
     np.testing.assert_allclose(sharded["losses"], one["losses"], rtol=0, atol=1e-5, err_msg=str(s))
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_sharded_initialisation_equals_one_process(tmp_path, model):
+    """Built on device "meta", each of 2 ranks materialising only what it owns: the curve of one process built
+    whole from the same seed (so the shards hold exactly its initial values), and on the cpu no rank's host memory
+    ever held the whole model, as the build on the host does."""
+    s = seeds()
+    one = run(tmp_path, 1, model, "one", mode="plain", **s)
+    meta = run(tmp_path, 2, model, "meta", TEST_META="1", **s)
+    np.testing.assert_allclose(meta["losses"], one["losses"], rtol=0, atol=1e-5, err_msg=str(s))
+    if TYPE == "cpu":
+        host = run(tmp_path, 2, model, "host", **s)
+        assert host["init_peak"] >= host["whole_bytes"], host
+        assert meta["init_peak"] <= 0.75 * meta["whole_bytes"], meta
+
+
+def test_sharded_initialisation_refuses_ranks_that_built_different_models(tmp_path):
+    p = run(tmp_path, 2, "gpt2", "skew", TEST_META="skew", check=False, **seeds())
+    assert p.returncode != 0 and "the ranks built different models on device 'meta'" in p.stderr, p.stderr[-2000:]
 
 
 def test_zero3_checkpoint_resumes_on_other_world_sizes(tmp_path):

@@ -3,6 +3,7 @@ FullyShardedDataParallel, in ZeRO's whole-tensor form).
 
     fsdp = FullyShardedDataParallel(model, blocks=list(model.h))   # every rank: the same model, then sharded
     FullyShardedDataParallel(GPT2(cfg, "cpu"), blocks, device="cuda:0")  # built on the host, sharded onto the GPU
+    FullyShardedDataParallel(GPT2(cfg, "meta"), blocks, device="cuda:0")  # no storage; each rank makes its own
     opt = ZeroRedundancyOptimizer(model.parameters(), it.optim.AdamW, stage=3, fsdp=fsdp, lr=1e-3)
     loss = fsdp(x, y)[1]; loss.backward(); opt.step()               # as with DDP
 
@@ -21,15 +22,16 @@ the activations at block boundaries.
 """
 
 import contextlib
+import hashlib
 
 import numpy as np
 
 from infinitrain import autograd, functional, nn
-from infinitrain.distributed.collectives import broadcast, reduce
+from infinitrain.distributed.collectives import all_reduce, broadcast, reduce
 from infinitrain.distributed.group import NON_GROUP_MEMBER, default_group
 from infinitrain.distributed.zero import partition
 from infinitrain.nn import recompute
-from infinitrain.tensor import Tensor, empty, from_numpy, tensor, zeros
+from infinitrain.tensor import Tensor, empty, from_numpy, materialize, tensor, zeros
 
 
 class _Unit:
@@ -92,15 +94,42 @@ class FullyShardedDataParallel(nn.Module):
     @autograd.no_grad()
     def _shard(self, module):
         """Keeps what this rank owns, on the device, with rank 0's values (as DDP starts); a model built on
-        another device (the host) comes over one parameter at a time, so the device never holds it whole."""
+        another device (the host) comes over one parameter at a time, so the device never holds it whole. A model
+        built on device "meta" is initialised sharded: each rank materialises only what it owns (its recorded
+        draw or file slice replayed, the values a whole build would give), so no rank ever holds the whole model."""
         g = self.process_group
+        deferred = [p for p in self.params if p.is_meta]
+        if deferred:
+            self._check_same_build(deferred)
         for p in self.params:
+            if p.is_meta:
+                t = materialize(p, self.device) if self.owns(p) else empty((0,), dtype=p.dtype, device=self.device)
+                p._t = t._t
+                continue
             t = p.detach() if str(p.device) == self.device else p.detach().to(self.device)
             broadcast(t, g.ranks[0], g)
             p._t = t._t if self.owns(p) else empty((0,), dtype=p.dtype, device=self.device)._t
         for _, b in module.named_buffers():
-            if str(b.device) != self.device:
+            if b.is_meta:
+                b._t = materialize(b, self.device)._t
+            elif str(b.device) != self.device:
                 b._t = b.to(self.device)._t
+
+    def _check_same_build(self, params):
+        """Sharded initialisation trusts every rank to have built the same model from the same seed (nothing is
+        broadcast): a digest of each rank's recorded initialisation is compared with rank 0's, on every rank."""
+        g = self.process_group
+        record = [(self.names[id(p)], tuple(p.shape), p.dtype, _init_key(p._t.init)) for p in params]
+        digest = int.from_bytes(hashlib.sha256(repr(record).encode()).digest()[:7], "little")
+        lead = tensor([digest], dtype="int64", device=self.device)
+        broadcast(lead, g.ranks[0], g)
+        differs = tensor([int(int(lead.item()) != digest)], dtype="int64", device=self.device)
+        all_reduce(differs, "max", g)
+        if differs.item():
+            raise ValueError(
+                "FullyShardedDataParallel: the ranks built different models on device 'meta' (sizes, order or the "
+                "random seed differ), so their shards would not form one model; seed every rank alike"
+            )
 
     # ---- what callers see ----
 
@@ -311,3 +340,10 @@ def _numel(shape):
     for s in shape:
         n *= s
     return n
+
+
+def _init_key(init):
+    """What identifies a recorded initialisation across processes (values read from a file: where, not what)."""
+    if init is None:
+        return None
+    return init[0] if init[0] == "data" else init

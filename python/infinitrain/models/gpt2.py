@@ -17,7 +17,7 @@ from infinitrain.models import validate as V
 from infinitrain.models.family import Dims, Family, HFFormat, Preset, TensorParallelPlan
 from infinitrain.models.sampling import check_ids, generate
 from infinitrain.parallel.layers import ColumnParallelLinear, RowParallelLinear, Spec, TPModule
-from infinitrain.tensor import from_numpy
+from infinitrain.tensor import from_numpy, load_
 
 MAGIC = 20240326
 
@@ -196,7 +196,8 @@ class GPT2(nn.Module):
         for group in model._llmc_tensors():
             for p in group:
                 n = p.numel()
-                p.copy_(from_numpy(flat[offset : offset + n].reshape(p.shape), dtype=p.dtype))
+                # Read now, or when a meta model's owner materialises it (sharded initialisation).
+                load_(p, lambda a=offset, n=n, shape=tuple(p.shape): flat[a : a + n].reshape(shape))
                 offset += n
         return model
 
