@@ -29,15 +29,16 @@ def _check_dtype(dtype):
 
 
 class _Meta:
-    """A tensor on the "meta" device: its shape and dtype, no storage, and the last initialisation applied to it
-    (a fill, a random draw's seed and offset, or the values to copy), which materialize() replays on a real device.
-    A model built there costs no memory; a sharded model materialises only what each rank owns."""
+    """A tensor on the "meta" device: its shape and dtype, no storage, and the steps that initialised it (the last
+    whole-tensor one: a fill, a random draw's seed and offset, or where to read the values; then any scalar writes
+    into parts, such as an embedding's padding row), which materialize() replays on a real device. A model built
+    there costs no memory; a sharded model materialises only what each rank owns."""
 
     __slots__ = ("shape", "dtype", "init")
     device = "meta"
 
     def __init__(self, shape, dtype, init=None):
-        self.shape, self.dtype, self.init = tuple(shape), dtype, init
+        self.shape, self.dtype, self.init = tuple(shape), dtype, [init] if init else []
 
     @property
     def numel(self):
@@ -280,7 +281,7 @@ class Tensor:
 
     def fill_(self, value):
         if type(self._t) is _Meta:
-            self._t.init = ("fill", float(value))
+            self._t.init = [("fill", float(value))]
             return self
         dispatch.call("fill_", [self], [float(value)])
         return self
@@ -307,7 +308,7 @@ class Tensor:
         # materialisation on any device gives the numbers this call would have.
         seed, offset = (generator or _random.default_generator).advance(self.numel())
         if type(self._t) is _Meta:
-            self._t.init = (op, a, b, seed, offset)
+            self._t.init = [(op, a, b, seed, offset)]
         else:
             dispatch.call(op, [self], [a, b, seed, offset])
         return self
@@ -386,7 +387,7 @@ def load_(t, read):
     """Copies read() (a NumPy array of t's shape) into t, or, for a meta tensor, records read to be called when it is
     materialised: a sharded model then reads only the slices of a file that its rank owns."""
     if type(t._t) is _Meta:
-        t._t.init = ("data", read)
+        t._t.init = [("data", read)]
         return t
     arr = np.asarray(read())
     if tuple(arr.shape) != tuple(t.shape):
@@ -401,13 +402,16 @@ def materialize(t, device):
     if type(m) is not _Meta:
         return t
     out = empty(*m.shape, dtype=m.dtype, device=device)
-    kind = m.init[0] if m.init else None
-    if kind == "fill":
-        out.fill_(m.init[1])
-    elif kind in ("normal_", "uniform_"):
-        dispatch.call(kind, [out], list(m.init[1:]))
-    elif kind == "data":
-        load_(out, m.init[1])
+    for step in m.init:
+        kind = step[0]
+        if kind == "fill":
+            out.fill_(step[1])
+        elif kind in ("normal_", "uniform_"):
+            dispatch.call(kind, [out], list(step[1:]))
+        elif kind == "data":
+            load_(out, step[1])
+        else:  # "setitem": a scalar written into part of it
+            out[step[1]] = step[2]
     return out
 
 

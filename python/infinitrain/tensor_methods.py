@@ -98,6 +98,18 @@ def _index_add_(self, dim, index, source, *, alpha=1):
     return F.inplace(self, lambda x: T.index_add(x, dim, index, source, alpha=alpha))
 
 
+def _setitem(self, key, value):
+    if self.is_meta:  # recorded for materialisation (an embedding's padding row)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise RuntimeError(
+                "a tensor on the meta device takes only a number written into part of it (it has no data); "
+                "build on a real device to write tensors into it"
+            )
+        self._t.init.append(("setitem", key, float(value)))
+        return
+    F.setitem(self, key, value)
+
+
 def reshape(self, *shape):
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = shape[0]
@@ -356,7 +368,7 @@ _METHODS = {
     "split": lambda self, split_size, dim=0: F.split(self, split_size, dim),
     "chunk": chunk,
     "__getitem__": F.getitem,
-    "__setitem__": F.setitem,
+    "__setitem__": _setitem,
     "__add__": F.add,
     "__radd__": F.add,
     "__iadd__": _inplace(F.add),

@@ -170,6 +170,33 @@ def test_sharded_initialisation_equals_one_process(tmp_path, model):
         assert meta["init_peak"] <= 0.75 * meta["whole_bytes"], meta
 
 
+@pytest.mark.parametrize("kind", ["llmc", "hf"])
+def test_train_cli_zero_stage_3_starts_from_a_file_as_one_process(tmp_path, kind):
+    """--init_from an llm.c file (read lazily: each rank reads only the slices it owns) or a Hugging Face folder with
+    a tied head (read on the host, then sharded): the curve of one process from the same file."""
+    import infinitrain as it
+    from infinitrain.models import GPT2, GPT2Config, Qwen3, Qwen3Config
+
+    g = rng()
+    if kind == "llmc":
+        model = GPT2(GPT2Config(block_size=16, vocab_size=61, padded_vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    else:
+        model = Qwen3(Qwen3Config(16, 61, 2, 4, 2, 24, head_dim=8, intermediate_size=40, tie_word_embeddings=True))
+    for p in model.parameters():  # far from a fresh init
+        p.copy_(it.from_numpy(g.standard_normal(p.shape) * 0.3))
+    path = tmp_path / "init"
+    model.save_llmc(path) if kind == "llmc" else model.save_pretrained(path)
+    corpus = tmp_path / "train.bin"
+    write_tokens(corpus, np.tile(g.integers(0, 60, size=29), 60), kind="gpt2")
+    base = [f"--input_bin={corpus}", f"--model={'gpt2' if kind == 'llmc' else 'qwen3'}", f"--init_from={path}"]
+    base += ["--sequence_length=16", "--sample_every=0", "--val_every=0", "--total_batch_size=64", "--num_iteration=3"]
+    one = step_lines(run_train(*base, "--batch_size=4", device="cpu").stdout)
+    two = step_lines(run_train(*base, "--batch_size=2", "--zero_stage=3", nproc=2, device="cpu").stdout)
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    for s in one:
+        assert abs(float(one[s][0]) - float(two[s][0])) <= 1e-5, (s, one, two)
+
+
 def test_sharded_initialisation_refuses_ranks_that_built_different_models(tmp_path):
     p = run(tmp_path, 2, "gpt2", "skew", TEST_META="skew", check=False, **seeds())
     assert p.returncode != 0 and "the ranks built different models on device 'meta'" in p.stderr, p.stderr[-2000:]

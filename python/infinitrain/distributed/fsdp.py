@@ -343,7 +343,6 @@ def _numel(shape):
 
 
 def _init_key(init):
-    """What identifies a recorded initialisation across processes (values read from a file: where, not what)."""
-    if init is None:
-        return None
-    return init[0] if init[0] == "data" else init
+    """What identifies a recorded initialisation across processes (values read from a file: that, not what)."""
+    return [(step[0], repr(step[1]), step[2]) if step[0] == "setitem" else step[:1] if step[0] == "data" else step
+            for step in init]  # fmt: skip
