@@ -8,6 +8,8 @@ forwards them to infinitrain.functional; keeping them out of this module keeps
 the op layer free of import cycles.
 """
 
+import hashlib
+
 import numpy as np
 
 from infinitrain import _C, autograd, dispatch, dtypes
@@ -48,6 +50,8 @@ class _Meta:
         return f"<meta tensor {self.dtype}{list(self.shape)}: no data; materialise it on a device first>"
 
     def __getattr__(self, name):  # what Python code would read of a native tensor
+        if name.startswith("__"):
+            raise AttributeError(name)
         raise RuntimeError(
             f"a tensor on the meta device has no data ({name}): a model built on device 'meta' runs once "
             "FullyShardedDataParallel has materialised it (--zero_stage=3)"
@@ -104,9 +108,9 @@ class Tensor:
         return type(self._t) is _Meta
 
     def get_device(self):
-        """The device index, -1 for the cpu (PyTorch's)."""
+        """The device index, -1 for the cpu and meta (PyTorch's)."""
         d = self._t.device
-        return -1 if d == "cpu" else int(d.partition(":")[2])
+        return -1 if d in ("cpu", "meta") else int(d.partition(":")[2])
 
     @property
     def ndim(self):
@@ -185,6 +189,8 @@ class Tensor:
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
+        if type(self._t) is _Meta:
+            return f"tensor(..., size={self.shape}, dtype={self.dtype}, device='meta'{grad})"
         body = np.array2string(self.numpy(), precision=4, threshold=20, edgeitems=3)
         return f"tensor({body}, dtype={self.dtype}, device={self.device}{grad})"
 
@@ -289,7 +295,7 @@ class Tensor:
     def copy_(self, src, non_blocking=False):
         """Copies src's values into this tensor (converting dtype; from another device too)."""
         if type(self._t) is _Meta:
-            return load_(self, lambda: src.numpy() if isinstance(src, Tensor) else np.asarray(src))
+            return _copy_into_meta(self, src)
         if not isinstance(src, Tensor):
             src = tensor(src, dtype=self.dtype, device=self.device)
         if src.device != self.device:
@@ -383,11 +389,49 @@ def empty(*size, out=None, dtype=None, device=None, requires_grad=False, pin_mem
     return t.requires_grad_() if requires_grad else t
 
 
-def load_(t, read):
+def _copy_into_meta(t, src):
+    """copy_ into a meta tensor: another meta tensor's record (replayed in its dtype), or a snapshot of the values."""
+    shape = tuple(src.shape) if isinstance(src, Tensor) else np.shape(src)
+    try:
+        fits = np.broadcast_shapes(shape, t.shape) == t.shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"copy_: values of shape {shape} do not fit a tensor of shape {t.shape}")
+    if isinstance(src, Tensor) and src.is_meta:
+        steps, dtype = list(src._t.init), src.dtype
+        if dtype == t.dtype and shape == t.shape:
+            t._t.init = steps
+        else:
+            read = lambda: materialize(Tensor(_Meta(shape, dtype)), "cpu", steps).numpy()  # noqa: E731
+            t._t.init = [("data", read, ("copy", dtype, shape, _steps_key(steps)))]
+        return t
+    held = src.numpy() if isinstance(src, Tensor) else np.array(src, copy=True)
+    key = ("values", hashlib.sha256(np.ascontiguousarray(held).tobytes()).hexdigest()[:16], held.shape)
+    t._t.init = [("data", lambda: np.broadcast_to(held, t.shape), key)]
+    return t
+
+
+def _steps_key(steps):
+    """What identifies recorded steps across processes: the values themselves, or a file read's key."""
+    return tuple(
+        (step[0], repr(step[1]), step[2]) if step[0] == "setitem" else ("data", step[2]) if step[0] == "data" else step
+        for step in steps
+    )
+
+
+def init_key(t):
+    """What identifies a meta tensor's recorded initialisation across processes (FullyShardedDataParallel checks
+    that every rank built the same)."""
+    return _steps_key(t._t.init)
+
+
+def load_(t, read, key=None):
     """Copies read() (a NumPy array of t's shape) into t, or, for a meta tensor, records read to be called when it is
-    materialised: a sharded model then reads only the slices of a file that its rank owns."""
+    materialised: a sharded model then reads only the slices of a file that its rank owns. key: what identifies
+    the values across processes (a file's fingerprint and the slice), for the ranks' same-build check."""
     if type(t._t) is _Meta:
-        t._t.init = [("data", read)]
+        t._t.init = [("data", read, key)]
         return t
     arr = np.asarray(read())
     if tuple(arr.shape) != tuple(t.shape):
@@ -395,14 +439,14 @@ def load_(t, read):
     return t.copy_(from_numpy(arr, dtype=t.dtype))
 
 
-def materialize(t, device):
+def materialize(t, device, steps=None):
     """A meta tensor's values on `device` (its recorded initialisation replayed: the same numbers the build would
     have given there), as a new Tensor; a tensor with storage is returned as it is."""
     m = t._t
     if type(m) is not _Meta:
         return t
     out = empty(*m.shape, dtype=m.dtype, device=device)
-    for step in m.init:
+    for step in m.init if steps is None else steps:
         kind = step[0]
         if kind == "fill":
             out.fill_(step[1])

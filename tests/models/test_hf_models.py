@@ -15,6 +15,7 @@ from safetensors import serialize_file
 import infinitrain as it
 from harness import DEVICE, assert_close, rng, round_to
 from infinitrain.models import GPT2, LLaMA3, Mixtral, Qwen3, from_pretrained, hf
+from infinitrain.tensor import materialize
 
 B, T = 2, 7
 
@@ -418,6 +419,9 @@ def test_tied_llama_shares_its_head(tmp_path):
     write_hf(tmp_path / "bad_head", c, dict(t, **{"lm_head.weight": t["model.embed_tokens.weight"] + 1.0}))
     with pytest.raises(ValueError, match="lm_head.weight differs from the tied model.embed_tokens.weight"):
         LLaMA3.from_pretrained(tmp_path / "bad_head")
+    lazy = LLaMA3.from_pretrained(tmp_path / "bad_head", "meta")  # read, and so checked, where it is materialised
+    with pytest.raises(ValueError, match="lm_head.weight differs from the tied model.embed_tokens.weight"):
+        materialize(lazy.wte.weight, DEVICE)
     fresh = registry.build_model("llama3", V, T, config_json=str(tmp_path / "in" / "config.json"), device=DEVICE)
     assert fresh.lm_head.weight is fresh.wte.weight
 

@@ -31,7 +31,7 @@ from infinitrain.distributed.collectives import all_reduce, broadcast, reduce
 from infinitrain.distributed.group import NON_GROUP_MEMBER, default_group
 from infinitrain.distributed.zero import partition
 from infinitrain.nn import recompute
-from infinitrain.tensor import Tensor, empty, from_numpy, materialize, tensor, zeros
+from infinitrain.tensor import Tensor, empty, from_numpy, init_key, materialize, tensor, zeros
 
 
 class _Unit:
@@ -55,6 +55,10 @@ class FullyShardedDataParallel(nn.Module):
         devices = sorted({str(p.device) for _, p in named})
         if len(devices) != 1:
             raise ValueError(f"FullyShardedDataParallel: one device per rank, the parameters are on {devices}")
+        if devices == ["meta"] and device is None:
+            raise ValueError(
+                "FullyShardedDataParallel: a model built on device 'meta' needs device= (where to materialise it)"
+            )
         blocks = list(blocks)
         if not blocks:
             raise ValueError("FullyShardedDataParallel: give the blocks to shard by (e.g. list(model.h))")
@@ -99,8 +103,10 @@ class FullyShardedDataParallel(nn.Module):
         draw or file slice replayed, the values a whole build would give), so no rank ever holds the whole model."""
         g = self.process_group
         deferred = [p for p in self.params if p.is_meta]
-        if deferred:
-            self._check_same_build(deferred)
+        blank = [self.names[id(p)] for p in deferred if not p._t.init]
+        if blank:
+            raise ValueError(f"FullyShardedDataParallel: {', '.join(blank[:4])} built on 'meta' never initialised")
+        self._check_same_build(deferred)
         for p in self.params:
             if p.is_meta:
                 t = materialize(p, self.device) if self.owns(p) else empty((0,), dtype=p.dtype, device=self.device)
@@ -119,7 +125,18 @@ class FullyShardedDataParallel(nn.Module):
         """Sharded initialisation trusts every rank to have built the same model from the same seed (nothing is
         broadcast): a digest of each rank's recorded initialisation is compared with rank 0's, on every rank."""
         g = self.process_group
-        record = [(self.names[id(p)], tuple(p.shape), p.dtype, _init_key(p._t.init)) for p in params]
+        # First whether any rank built on meta (the same collectives on every rank, meta or not): the max of
+        # [meta, -meta] is [1, 0] where some did and some did not.
+        meta = tensor([int(bool(params)), -int(bool(params))], dtype="int64", device=self.device)
+        all_reduce(meta, "max", g)
+        if meta.numpy().tolist() == [1, 0]:
+            raise ValueError(
+                "FullyShardedDataParallel: some ranks built the model on device 'meta' and some did not; build it "
+                "the same way on every rank"
+            )
+        if not params:
+            return
+        record = [(self.names[id(p)], tuple(p.shape), p.dtype, init_key(p)) for p in params]
         digest = int.from_bytes(hashlib.sha256(repr(record).encode()).digest()[:7], "little")
         lead = tensor([digest], dtype="int64", device=self.device)
         broadcast(lead, g.ranks[0], g)
@@ -127,8 +144,9 @@ class FullyShardedDataParallel(nn.Module):
         all_reduce(differs, "max", g)
         if differs.item():
             raise ValueError(
-                "FullyShardedDataParallel: the ranks built different models on device 'meta' (sizes, order or the "
-                "random seed differ), so their shards would not form one model; seed every rank alike"
+                "FullyShardedDataParallel: the ranks built different models on device 'meta' (sizes, order, the "
+                "random seed or the files read differ), so their shards would not form one model; seed every rank "
+                "alike and load the same checkpoint"
             )
 
     # ---- what callers see ----
@@ -340,9 +358,3 @@ def _numel(shape):
     for s in shape:
         n *= s
     return n
-
-
-def _init_key(init):
-    """What identifies a recorded initialisation across processes (values read from a file: that, not what)."""
-    return [(step[0], repr(step[1]), step[2]) if step[0] == "setitem" else step[:1] if step[0] == "data" else step
-            for step in init]  # fmt: skip

@@ -292,13 +292,13 @@ def hf_shapes(model_cls):
 
 
 def load_hf(model, t):
+    tied = model.config.tie_word_embeddings
     for name, p in model.named_parameters():
         arr = t.take(_hf_name(model, name), p.shape)
+        if tied and p is model.embed_tokens.weight:
+            arr = hf.same_tied(t, "lm_head.weight", p.shape, arr, "embed_tokens.weight")
         heads = _rotary_heads(model, name)
         hf.set_param(p, hf.rotary_from_hf(arr, heads) if heads else arr)
-    if model.config.tie_word_embeddings:
-        w = model.embed_tokens.weight
-        hf.same_tied(t, "lm_head.weight", w.shape, hf.host(w), "embed_tokens.weight")
     t.finish(ROPE_BUFFERS)
 
 

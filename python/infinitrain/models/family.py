@@ -151,7 +151,8 @@ class Family:
         model = self.build(config, device)
         if self.hf.tie is not None:
             model = self.hf.tie(model, cfg)
-        self.hf.load(model, hf.Tensors(entries, path))
+        lazy = any(p.is_meta for p in model.parameters())  # each tensor read when (and where) materialised
+        self.hf.load(model, hf.Tensors(entries, path, lazy=lazy))
         return model
 
     def config_from_hf(self, cfg):

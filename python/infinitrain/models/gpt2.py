@@ -191,13 +191,15 @@ class GPT2(nn.Module):
             return (c.padded_vocab_size + c.block_size) * C + L * per_layer + 2 * C
 
         header, flat = checkpoint.read_llmc_model(path, MAGIC, count)
+        fprint = checkpoint.fingerprint(path)  # the same file on every rank (sharded initialisation checks it)
         model = cls(config_of(header), device)
         offset = 0
         for group in model._llmc_tensors():
             for p in group:
                 n = p.numel()
                 # Read now, or when a meta model's owner materialises it (sharded initialisation).
-                load_(p, lambda a=offset, n=n, shape=tuple(p.shape): flat[a : a + n].reshape(shape))
+                key = ("llmc", fprint, offset, n)
+                load_(p, lambda a=offset, n=n, shape=tuple(p.shape): flat[a : a + n].reshape(shape), key)
                 offset += n
         return model
 
@@ -261,9 +263,8 @@ def load_hf(model, t):
     C, vocab = c.n_embd, c.vocab_size
     prefix = "transformer." if any(n.startswith("transformer.") for n in t.t) else ""
     wte = t.take(prefix + "wte.weight", (vocab, C))
-    padded = np.zeros((c.padded_vocab_size, C), dtype=wte.dtype)
-    padded[:vocab] = wte
-    hf.set_param(model.wte.weight, padded)
+    wte = hf.same_tied(t, "lm_head.weight", (vocab, C), wte, prefix + "wte.weight (GPT2 ties them)")
+    hf.set_param(model.wte.weight, hf.pad_rows(wte, c.padded_vocab_size))
     hf.set_param(model.wpe.weight, t.take(prefix + "wpe.weight", (c.block_size, C)))
     for i, b in enumerate(model.h):
         p = f"{prefix}h.{i}."
@@ -278,8 +279,6 @@ def load_hf(model, t):
             hf.set_param(mod.bias, t.take(p + name + ".bias", (n_out,)))
     hf.set_param(model.ln_f.weight, t.take(prefix + "ln_f.weight", (C,)))
     hf.set_param(model.ln_f.bias, t.take(prefix + "ln_f.bias", (C,)))
-    if "lm_head.weight" in t.t and not np.array_equal(t.take("lm_head.weight", (vocab, C)), wte):
-        raise ValueError(f"{t.where}: lm_head.weight differs from wte.weight; GPT2 ties them")
     t.finish(_HF_BUFFERS)
 
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from infinitrain import checkpoint
-from infinitrain.tensor import from_numpy
+from infinitrain.tensor import from_numpy, load_
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -398,12 +398,29 @@ def check_entries(entries, expected, path):
         raise ValueError(f"{path}: unexpected tensors {left[:8]}{' ...' if len(left) > 8 else ''}")
 
 
+class Lazy:
+    """A checkpoint tensor not read yet, with the transforms applied to it so far: read() reads and applies them.
+    A model on device "meta" records it (tensor.load_), so each rank of a sharded model reads only what it owns."""
+
+    def __init__(self, read, shape, key):
+        self.read, self.shape, self.key = read, tuple(shape), key  # key: the file's fingerprint, what was done
+
+    @property
+    def T(self):
+        return Lazy(lambda: self.read().T, self.shape[::-1], (self.key, "T"))
+
+
+def _now(x):
+    return x.read() if isinstance(x, Lazy) else x
+
+
 class Tensors:
     """A checkpoint's tensors (name -> array, or Entry: read when taken) from `where`: take() each expected one by
-    name and shape; leftovers are an error (finish)."""
+    name and shape; leftovers are an error (finish). lazy: an Entry is taken as a Lazy, read when its parameter is
+    materialised (names and shapes are still checked at once)."""
 
-    def __init__(self, tensors, where):
-        self.t, self.where = dict(tensors), where
+    def __init__(self, tensors, where, lazy=False):
+        self.t, self.where, self.lazy = dict(tensors), where, lazy
 
     def take(self, name, shape):
         if name not in self.t:
@@ -411,7 +428,11 @@ class Tensors:
         item = self.t.pop(name)
         if tuple(item.shape) != tuple(shape):
             raise ValueError(f"{self.where}: tensor '{name}' has shape {tuple(item.shape)}, expected {tuple(shape)}")
-        return item.read() if isinstance(item, Entry) else item
+        if isinstance(item, Entry):
+            if self.lazy:
+                return Lazy(item.read, item.shape, (checkpoint.fingerprint(item.file), item.start, item.nbytes))
+            return item.read()
+        return item
 
     def finish(self, ignore=None):
         left = sorted(n for n in self.t if not (ignore and ignore.fullmatch(n)))  # ignore: a pattern of buffers
@@ -420,12 +441,35 @@ class Tensors:
 
 
 def set_param(param, arr):
+    if isinstance(arr, Lazy):
+        load_(param, arr.read, arr.key)  # now, or when a meta parameter is materialised
+        return
     param.copy_(from_numpy(np.asarray(arr), dtype=param.dtype, device=param.device))
+
+
+def concat(parts):
+    """np.concatenate of arrays along the first axis, Lazy if any part is."""
+    if not any(isinstance(x, Lazy) for x in parts):
+        return np.concatenate(parts)
+    shape = (sum(x.shape[0] for x in parts), *parts[0].shape[1:])
+    keys = tuple(x.key if isinstance(x, Lazy) else ("array", x.shape) for x in parts)
+    return Lazy(lambda: np.concatenate([_now(x) for x in parts]), shape, ("concat", keys))
+
+
+def pad_rows(x, rows):
+    """x [n, ...] with zero rows appended up to `rows`, Lazy if x is."""
+    if isinstance(x, Lazy):
+        return Lazy(lambda: pad_rows(x.read(), rows), (rows, *x.shape[1:]), (x.key, "pad", rows))
+    out = np.zeros((rows, *x.shape[1:]), dtype=x.dtype)
+    out[: x.shape[0]] = x
+    return out
 
 
 def rotary_from_hf(w, heads):
     """Rows of a q/k projection [heads * hd, ...] from rotate-half order (pair i = rows i, i + hd/2 of a head)
     to interleaved order (pair i = rows 2i, 2i + 1)."""
+    if isinstance(w, Lazy):
+        return Lazy(lambda: rotary_from_hf(w.read(), heads), w.shape, (w.key, "rotary", heads))
     hd = w.shape[0] // heads
     return w.reshape(heads, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -441,6 +485,18 @@ def host(p):
 
 
 def same_tied(tensors, name, shape, tied, what):
-    """A tied head a checkpoint may still hold (some exporters write it) must equal the embedding `tied`."""
-    if name in tensors.t and not np.array_equal(tensors.take(name, shape), tied):
-        raise ValueError(f"{tensors.where}: {name} differs from the tied {what}")
+    """A tied head a checkpoint may still hold (some exporters write it) must equal the embedding `tied` (the
+    checkpoint's; both Lazy: compared when read, which a sharded model does where the embedding is owned)."""
+    if name not in tensors.t:
+        return tied
+    head = tensors.take(name, shape)
+
+    def check(emb):
+        if not np.array_equal(_now(head), emb):
+            raise ValueError(f"{tensors.where}: {name} differs from the tied {what}")
+        return emb
+
+    if isinstance(tied, Lazy):
+        return Lazy(lambda: check(tied.read()), tied.shape, (tied.key, "tied", getattr(head, "key", None)))
+    check(tied)
+    return tied

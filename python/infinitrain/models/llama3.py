@@ -281,13 +281,15 @@ class LLaMA3(nn.Module):
             return 512 if cls.llmc_layout(h) == "llmc" else 256
 
         header, flat = checkpoint.read_llmc_model(path, MAGIC, count, header_words_fn=words)
+        fprint = checkpoint.fingerprint(path)  # the same file on every rank (sharded initialisation checks it)
         model = cls(cls.config_from_llmc_header(header), device)
         offset = 0
         for group in model._llmc_tensors():
             for p in group:
                 n = p.numel()
                 # Read now, or when a meta model's owner materialises it (sharded initialisation).
-                load_(p, lambda a=offset, n=n, shape=tuple(p.shape): flat[a : a + n].reshape(shape))
+                key = ("llmc", fprint, offset, n)
+                load_(p, lambda a=offset, n=n, shape=tuple(p.shape): flat[a : a + n].reshape(shape), key)
                 offset += n
         return model
 
@@ -405,17 +407,16 @@ def load_hf(model, t):
     c = model.config
     hd, C = c.head_dim, c.n_embd
     for name, p in _hf_pairs(model):
-        hf.set_param(p, t.take(name, p.shape))
+        arr = t.take(name, p.shape)
+        if model.tied and name == "model.embed_tokens.weight":
+            arr = hf.same_tied(t, "lm_head.weight", p.shape, arr, name)
+        hf.set_param(p, arr)
     for i, b in enumerate(model.h):
         p = f"model.layers.{i}.self_attn."
         q = hf.rotary_from_hf(t.take(p + "q_proj.weight", (c.n_head * hd, C)), c.n_head)
         k = hf.rotary_from_hf(t.take(p + "k_proj.weight", (c.n_kv_head * hd, C)), c.n_kv_head)
         v = t.take(p + "v_proj.weight", (c.n_kv_head * hd, C))
-        hf.set_param(b.attn.c_attn.weight, np.concatenate([q, k, v]))
-    if model.tied:
-        hf.same_tied(
-            t, "lm_head.weight", model.wte.weight.shape, hf.host(model.wte.weight), "model.embed_tokens.weight"
-        )
+        hf.set_param(b.attn.c_attn.weight, hf.concat([q, k, v]))
     t.finish(_ROPE_BUFFERS)
 
 

@@ -71,11 +71,6 @@ class ModelSpec:
     def build(self, device):
         return set_router_aux_loss_coef(self._build(device), self.router_aux_loss_coef)
 
-    def loads_lazily(self):
-        """Whether a build on device "meta" reads its weights only when materialised (fresh models and llm.c files;
-        a Hugging Face folder is read whole, and its checks compare whole tensors)."""
-        return not (self.init_from and os.path.isdir(self.init_from))
-
     def _build(self, device):
         if self.llmc_filepath:
             return self.family.from_llmc(self.llmc_filepath, device)

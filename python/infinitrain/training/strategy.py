@@ -348,10 +348,10 @@ class DataParallel(Local):
 
     def build(self, spec, adapt):
         stage = self.cfg.zero_stage
-        # ZeRO-3 builds on device "meta" (no storage) and materialises only this rank's shard on the device, so a
-        # model that fits neither one device nor one process's host memory can be built. A Hugging Face folder is
-        # read whole on the host, then sharded.
-        model = spec.build(("meta" if spec.loads_lazily() else "cpu") if stage == 3 else self.device)
+        # ZeRO-3 builds on device "meta" (no storage) and materialises only this rank's shard on the device (a
+        # file's tensors read then), so a model that fits neither one device nor one process's host memory can be
+        # built.
+        model = spec.build("meta" if stage == 3 else self.device)
         self.params = [adapt(model)]
         self.models, self.model = [model], model
         cls, kwargs = optimizer_choice(self.cfg)
