@@ -25,6 +25,20 @@ print(float((a @ a.T).float().numpy()[0, 0]))
 """
 
 
+# A float32 linear and matmul under the switch: the bf16 kernels are for bfloat16 operands only, so float32 products
+# stay float32 (the error of float32 accumulation, not of bfloat16 rounding) whichever kernel is forced.
+FLOAT32 = """
+import numpy as np
+import infinitrain as it
+g = np.random.default_rng()
+x, w = g.standard_normal((37, 24)), g.standard_normal((19, 24))
+ref = x @ w.T
+lin = it.nn.functional.linear(it.from_numpy(x, dtype="float32"), it.from_numpy(w, dtype="float32")).numpy()
+mm = (it.from_numpy(x, dtype="float32") @ it.from_numpy(w.T, dtype="float32")).numpy()
+print(max(float(np.abs(lin - ref).max()), float(np.abs(mm - ref).max())))
+"""
+
+
 def run_python(args, value, timeout=600):
     env = dict(os.environ, INFINITRAIN_CPU_BF16_GEMM=value)
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
@@ -37,6 +51,8 @@ def test_bf16_suites_on_path(path):
     if probe.returncode and "this CPU cannot run that kernel" in probe.stderr:
         pytest.skip(f"this CPU cannot run the {path} kernel")
     assert probe.returncode == 0 and probe.stdout.strip() == "3.0", probe.stderr[-2000:]
+    f32 = run_python(["-c", FLOAT32], path, timeout=120)
+    assert f32.returncode == 0 and float(f32.stdout.strip()) < 1e-4, f32.stdout + f32.stderr[-2000:]
     suites = [os.path.join(HERE, f) for f in ("test_ops_gemm.py", "test_ops_attention.py")]
     p = run_python(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "bfloat16", *suites], path)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
