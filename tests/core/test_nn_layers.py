@@ -464,3 +464,16 @@ def test_add_rms_norm_default_eps_is_pytorchs():
     want = h / np.sqrt((h * h).mean(-1, keepdims=True) + 1e-5) * w
     np.testing.assert_allclose(s.numpy(), h, rtol=1e-12)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-9)
+
+
+def test_eval_mode_restores_each_modules_own_mode_also_on_error():
+    from infinitrain.nn.utils import eval_mode
+
+    net = nn.Sequential(nn.Linear(3, 3, device=DEVICE), nn.Dropout(0.5), nn.Linear(3, 2, device=DEVICE))
+    net[1].eval()  # one submodule already in eval mode: it stays so
+    with eval_mode(net):
+        assert not any(m.training for m in net.modules())
+    assert [m.training for m in net.modules()] == [True, True, False, True]
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(net):
+        raise RuntimeError("inside")
+    assert [m.training for m in net.modules()] == [True, True, False, True]

@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from infinitrain import autograd
+from infinitrain.nn.utils import eval_mode
 from infinitrain.tensor import Tensor, from_numpy, host_rng
 
 
@@ -41,8 +42,13 @@ def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0
         raise ValueError(f"generate: top_k must be >= 1 (or None for no filtering), got {top_k}")
     rng = np.random.default_rng(seed) if generator is None else None
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
+    with eval_mode(model):
+        return _sample(model, idx, max_new_tokens, block_size, vocab_size, temperature, top_k, rng, generator,
+                       device, as_tensor, out_device)  # fmt: skip
+
+
+def _sample(model, idx, max_new_tokens, block_size, vocab_size, temperature, top_k, rng, generator, device,
+            as_tensor, out_device):  # fmt: skip
     for _ in range(max_new_tokens):
         ctx = idx[:, -block_size:]
         logits, _ = model(from_numpy(ctx, device=device))
@@ -59,5 +65,4 @@ def generate(model, idx, max_new_tokens, block_size, vocab_size, temperature=1.0
             draw = rng if rng is not None else host_rng(generator, len(p))
             nxt = np.array([draw.choice(vocab_size, p=row) for row in p])
         idx = np.concatenate([idx, nxt[:, None].astype(np.int64)], axis=1)
-    model.train(was_training)
     return from_numpy(idx, device=out_device) if as_tensor else idx

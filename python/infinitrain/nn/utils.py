@@ -1,4 +1,6 @@
-"""torch.nn.utils: gradient clipping and flat parameter vectors."""
+"""torch.nn.utils: gradient clipping and flat parameter vectors; eval_mode for evaluating a model in training."""
+
+import contextlib
 
 from infinitrain import autograd
 from infinitrain import functional as F
@@ -36,3 +38,17 @@ def vector_to_parameters(vec, parameters):
 
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
+
+
+@contextlib.contextmanager
+def eval_mode(*models):
+    """The models in eval mode inside (no dropout, LoRA's included), every submodule's own mode restored after, also
+    when the body raises."""
+    modes = [(m, m.training) for model in models for m in model.modules()]
+    for model in models:
+        model.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes:
+            object.__setattr__(m, "training", mode)

@@ -25,6 +25,7 @@ import infinitrain as it
 from infinitrain import fp8, parallel
 from infinitrain.compiler import fusing
 from infinitrain.data.device import DeviceLoader
+from infinitrain.nn.utils import eval_mode
 from infinitrain.runs import TrainError, UsageError
 from infinitrain.tensor import zeros
 from infinitrain.training import checkpoints
@@ -285,7 +286,7 @@ class Local(Strategy):
         """Mean loss over the first `batches` batches of `loader` (rewound first), on the first device."""
         loader.load_state_dict({"epoch": 0, "position": 0})
         losses = []
-        with _eval_mode(self.models[:1]):
+        with eval_mode(self.model):
             for _ in range(min(batches, _batches_per_epoch(loader))):
                 x, y = (on_device(a, self.device) for a in next(loader))
                 with it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast), fusing():
@@ -528,7 +529,7 @@ class ModelParallel(Strategy):
         loader.load_state_dict({"epoch": 0, "position": 0})
         n = min(batches, _batches_per_epoch(loader))
         autocast = it.amp.autocast(self.device, dtype="bfloat16", enabled=self.cfg.autocast)
-        with _eval_mode(self.models), autocast, fusing():
+        with eval_mode(*self.models), autocast, fusing():
             loss = self.pctx.engine.forward_backward(self._micro_batches(loader, n), forward_only=True)
         return loss.item()
 
@@ -546,19 +547,6 @@ class ModelParallel(Strategy):
             candidates, ckpt_dir, self.models, self.optimizers, loader, pctx=self.pctx, **kw))  # fmt: skip
 
     stop_requested = DataParallel.stop_requested
-
-
-@contextlib.contextmanager
-def _eval_mode(models):
-    """The models in eval mode (no dropout, LoRA's included) while validating; each module's mode restored after."""
-    modes = [(m, m.training) for model in models for m in model.modules()]
-    for model in models:
-        model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            object.__setattr__(m, "training", mode)
 
 
 _RESUME_KEY, _RESUME_FAILED = "train/resume", "\0failed"
