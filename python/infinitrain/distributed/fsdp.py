@@ -17,8 +17,12 @@ gathered for the whole forward and backward and reduced at the end of backward. 
 reached keeps no gradient. The owner steps its parameters (ZeroRedundancyOptimizer stage 3), nothing is broadcast
 after the step. gathered() materialises every parameter on every rank (checkpoints: save and load).
 
-Memory per rank: 1/N of the parameters, gradients and optimizer state, plus the root, one block gathered, and
-the activations at block boundaries.
+While a block runs, the next one's gather is already issued (prefetch=True, the default; backward's recompute goes
+backwards): on the cpu the broadcasts run on the group's worker thread meanwhile; a device's are queued in order on
+its stream (no side stream yet, so no overlap there).
+
+Memory per rank: 1/N of the parameters, gradients and optimizer state, plus the root, two blocks gathered (one with
+prefetch=False), and the activations at block boundaries.
 """
 
 import contextlib
@@ -40,11 +44,12 @@ class _Unit:
     def __init__(self, name, params):
         self.name, self.params = name, params
         self.gathered = False
+        self.pending = None  # a prefetch in flight: [(owner, params, flat buffer, Work)]
         self.stash = {}  # id(param) -> the owner's gradient from earlier micro-batches, during a recompute
 
 
 class FullyShardedDataParallel(nn.Module):
-    def __init__(self, module, blocks, process_group=None, device=None):
+    def __init__(self, module, blocks, process_group=None, device=None, prefetch=True):
         super().__init__()
         group = process_group if process_group is not None else default_group()
         if group is NON_GROUP_MEMBER:
@@ -64,6 +69,7 @@ class FullyShardedDataParallel(nn.Module):
             raise ValueError("FullyShardedDataParallel: give the blocks to shard by (e.g. list(model.h))")
         self.module = module
         self.process_group, self.device = group, str(device or devices[0])
+        self.prefetch = bool(prefetch)
         self.params = [p for _, p in named]
         self.names = {id(p): n for n, p in named}
         self.shapes = {id(p): tuple(p.shape) for p in self.params}
@@ -233,21 +239,43 @@ class FullyShardedDataParallel(nn.Module):
         return out
 
     @autograd.no_grad()
-    def _gather(self, unit):
-        if unit.gathered:
+    def _start_gather(self, unit):
+        """Issues the unit's broadcasts (each owner's parameters, flattened) without waiting for them."""
+        if unit.gathered or unit.pending is not None:
             return
         g = self.process_group
+        unit.pending = []
         for r, dtype, params in self._by_owner(unit.params):
             if r == g.rank:
                 flat = functional.cat([p.detach().reshape(-1) for p in params])
             else:
                 flat = empty((sum(_numel(self.shapes[id(p)]) for p in params),), dtype=dtype, device=self.device)
-            broadcast(flat, g.ranks[r], g)
+            unit.pending.append((r, params, flat, broadcast(flat, g.ranks[r], g, async_op=True)))
+
+    @autograd.no_grad()
+    def _gather(self, unit):
+        if unit.gathered:
+            return
+        self._start_gather(unit)
+        g = self.process_group
+        for r, params, flat, work in unit.pending:
+            work.wait()
             if r != g.rank:
                 sizes = [_numel(self.shapes[id(p)]) for p in params]
                 for p, part in zip(params, functional.split(flat, sizes), strict=True):
                     p._t = part.reshape(self.shapes[id(p)])._t
+        unit.pending = None
         unit.gathered = True
+
+    def _prefetch(self, unit, backward):
+        """Starts gathering the block that runs after `unit` (the next in forward, the previous in backward's
+        recompute) while `unit` computes: the cpu's collectives run on the group's worker thread meanwhile; a
+        device's are queued on its stream in the same order."""
+        if not self.prefetch:
+            return
+        i = self.units.index(unit) + (-1 if backward else 1)
+        if 0 <= i < len(self.units):
+            self._start_gather(self.units[i])
 
     def _free(self, unit):
         if not unit.gathered:
@@ -307,12 +335,22 @@ class FullyShardedDataParallel(nn.Module):
             autograd.queue_callback(self._finish_backward)
 
     def clear_stash(self):
-        """Drops gradients set aside by a forward whose backward never ran (zero_grad calls it)."""
+        """Drops gradients set aside by a forward whose backward never ran (zero_grad calls it), and any prefetch
+        such a forward left: its values would be stale after the next step."""
         for unit in [*self.units, self.root]:
             unit.stash.clear()
+        self._drop_prefetches()
+
+    def _drop_prefetches(self):
+        for unit in self.units:
+            if unit.pending is not None:
+                for *_, work in unit.pending:
+                    work.wait()  # every rank issued it: completed, then discarded
+                unit.pending = None
 
     def _finish_backward(self):
         self._pass = None
+        self._drop_prefetches()
         self._reduce_grads(self.root)
         self._free(self.root)
 
@@ -338,6 +376,7 @@ class FullyShardedDataParallel(nn.Module):
 
         def gather(backward):
             self._gather(unit)
+            self._prefetch(unit, backward)
             if backward:
                 self._note_backward()
                 self._stash(unit)
