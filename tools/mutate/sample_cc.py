@@ -23,7 +23,6 @@ or an error. The GPU kernels (backends/gpu) are sampled by sample_gpu.py: compil
 import argparse
 import atexit
 import os
-import random
 import re
 import signal
 import subprocess
@@ -150,6 +149,14 @@ def committed_sources(rev="HEAD"):
     return out
 
 
+def outcome(status, detail):
+    """(result, detail) of a kernel mutant's run_pytest status: a test process that died of a signal (an abort, a
+    fault) caught it."""
+    if status == "error" and re.match(r"pytest exit -\d+", detail):
+        return "killed", detail.split(":")[0] + " (crashed)"
+    return {"pass": "survived", "fail": "killed", "timeout": "timeout", "error": "error"}[status], detail
+
+
 def build(log):
     t0 = time.time()
     p = subprocess.run(["./bazelw", "build", *CORE], cwd=ROOT, capture_output=True, text=True)
@@ -182,10 +189,7 @@ def run_one(m, committed, tests, tests_root, env, timeout, log):
             status, s, detail, _ = sample_py.run_pytest(tests, tests_root, env_n, timeout, log)
             res["secs"] += s
             if status != "pass":
-                result = {"fail": "killed", "timeout": "timeout", "error": "error"}[status]
-                if status == "error" and re.match(r"pytest exit -\d+", detail):
-                    result = "killed"  # the test process died of a signal (an abort or a fault): caught
-                    detail = detail.split(":")[0] + " (crashed)"
+                result, detail = outcome(status, detail)
                 res.update(result=result, detail=f"{detail} ({n} thread{'s' if n > 1 else ''})")
                 return res
         res.update(result="survived", detail="")
@@ -219,14 +223,11 @@ def main(argv=None):
             print(f"{n:6d} {p}")
         print(f"{len(mutants):6d} mutants in {len(sources)} files")
         return 0
-    picked = [mutants[i] for i in random.Random(a.seed).sample(range(len(mutants)), min(a.count, len(mutants)))]
-    if a.ids:
-        by_id = {m["id"]: m for m in mutants}
-        unknown = [i for i in a.ids.split(",") if i not in by_id]
-        if unknown:
-            print(f"--ids: no such mutant: {unknown}", file=sys.stderr)
-            return 2
-        picked = [by_id[i] for i in a.ids.split(",")]
+    try:
+        picked = sample_py.choose(mutants, a.seed, a.count, a.ids)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     tests_root = os.path.join(ROOT, "tests")
 
     def tests_of(m):

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -164,14 +163,11 @@ def pack(a):
     root = os.path.abspath(os.path.join(HERE, "..", ".."))
     sources = committed_sources(root, a.rev)
     mutants = sample_cc.enumerate_mutants(sources)
-    picked = sample_py.sample(mutants, a.seed, a.count)
-    if a.ids:
-        by_id = {m["id"]: m for m in mutants}
-        unknown = [i for i in a.ids.split(",") if i not in by_id]
-        if unknown:
-            print(f"--ids: no such mutant: {unknown}", file=sys.stderr)
-            return 2
-        picked = [by_id[i] for i in a.ids.split(",")]
+    try:
+        picked = sample_py.choose(mutants, a.seed, a.count, a.ids)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     rev = subprocess.run(["git", "rev-parse", "--short", a.rev], cwd=root, capture_output=True, text=True).stdout
     meta = {"seed": a.seed, "rev": rev.strip(), "total": len(mutants), "sampled": len(picked), "files": len(sources)}
     meta["kind"] = "CUDA (portable GPU kernels, cuda provider)"
@@ -234,7 +230,7 @@ def pack(a):
         subprocess.run(
             f"tar -C {stage} -cf - -T {listing} | xz -9 -T1 > {out_tar}", shell=True, check=True
         )  # fmt: skip
-        for f in ("sample_gpu.py",):
+        for f in ("sample_gpu.py", "sample_cc.py", "sample_py.py"):  # run's imports (the standard library's else)
             shutil.copyfile(os.path.join(HERE, f), os.path.join(a.out, f))
         shutil.copyfile(os.path.join(stage, "manifest.json"), os.path.join(a.out, "manifest.json"))
         print(f"{a.out}: {os.path.getsize(out_tar) / 2**20:.1f} MiB of objects, {len(picked)} mutants", flush=True)
@@ -273,42 +269,11 @@ def link(objs, out, core_dir, libs):
     return p.returncode == 0, p.stderr[-2000:]
 
 
-def pytest(tests, tests_root, env, timeout, deselect=()):
-    """(status, seconds, detail, output tail): status 'pass', 'fail', 'crash', 'timeout' or 'error'."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
-    cmd += [f"--deselect={t}" for t in deselect]
-    t0 = time.time()
-    p = subprocess.Popen(
-        cmd, cwd=tests_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, _ = p.communicate(timeout=timeout)
-        rc = p.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        return "timeout", time.time() - t0, f"timed out after {timeout:.0f} s", out[-3000:]
-    secs = time.time() - t0
-    failed = [line for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    if rc == 0:
-        return "pass", secs, "", out[-3000:]
-    if rc < 0:
-        return "crash", secs, f"pytest died of signal {-rc}", out[-3000:]
-    if rc == 1:
-        return "fail", secs, failed[0] if failed else "pytest exit 1", out[-3000:]
-    return "error", secs, f"pytest exit {rc}: {failed[0] if failed else out.strip().splitlines()[-1:]}", out[-3000:]
-
-
-def failed_ids(out):
-    return [
-        line.split(" ", 1)[1].split(" - ", 1)[0].strip()
-        for line in out.splitlines()
-        if line.startswith(("FAILED ", "ERROR "))
-    ]
-
-
 def run(a):
+    sys.path.insert(0, HERE)
+    import sample_cc
+    import sample_py
+
     t_start = time.time()
     os.makedirs(a.out, exist_ok=True)
     work = a.work or tempfile.mkdtemp(prefix="gpu-mutants-")
@@ -337,7 +302,7 @@ def run(a):
         return d
 
     def env_for(so_dir):
-        env = dict(os.environ, INFINITRAIN_TEST_DEVICE="cuda", OMP_NUM_THREADS="2", PYTHONDONTWRITEBYTECODE="1")
+        env = dict(os.environ, INFINITRAIN_TEST_DEVICE="cuda", OMP_NUM_THREADS="2")
         mine = [so_dir, os.path.join(payload, "python"), tests_root]  # before the wheels' folders, kept
         env["PYTHONPATH"] = os.pathsep.join(mine + [p for p in [os.environ.get("PYTHONPATH")] if p])
         env["LD_LIBRARY_PATH"] = os.pathsep.join([os.path.join(payload, "lib"), os.environ.get("LD_LIBRARY_PATH", "")])
@@ -349,11 +314,12 @@ def run(a):
     baseline = {}
 
     def base_one(t):
-        status, secs, detail, out = pytest([t], tests_root, env_for(base), 300)
+        status, secs, detail, out = sample_py.run_pytest([t], tests_root, env_for(base), 300, None, stop_first=False)
         with lock:
-            baseline[t] = {"status": status, "secs": secs, "detail": detail, "failing": failed_ids(out)}
+            baseline[t] = {"status": status, "secs": secs, "detail": detail, "failing": sample_py.failed_ids(out),
+                           "passed": bool(re.search(r"\b[1-9]\d* passed", out))}  # fmt: skip
         with open(os.path.join(logs, "baseline_" + t.replace("/", "_") + ".log"), "w") as f:
-            f.write(out)
+            f.write(out[-20000:])
         print(f"baseline {t}: {status} in {secs:.0f} s {detail}", flush=True)
 
     if a.baseline:  # an earlier call's, on the same pack
@@ -362,7 +328,8 @@ def run(a):
     with ThreadPoolExecutor(a.jobs) as pool:
         list(pool.map(base_one, [t for t in files if t not in baseline]))
     deselect = [i for b in baseline.values() for i in b["failing"]]
-    broken = {t for t, b in baseline.items() if b["status"] not in ("pass", "fail")}
+    # A file whose tests do not run unmutated, or of which none passes (no device), tests no mutant.
+    broken = {t for t, b in baseline.items() if b["status"] not in ("pass", "fail") or not b.get("passed", True)}
 
     wanted = set(filter(None, a.ids.split(","))) if a.ids else None
     results = []
@@ -388,14 +355,15 @@ def run(a):
                 # A limit from the baseline (several suites for a shared header), cut at the call's end.
                 limit = max(a.timeout, 3 * sum(baseline[t]["secs"] for t in m["tests"]))
                 left = a.deadline + a.grace - (time.time() - t_start)
-                status, secs, detail, out = pytest(m["tests"], tests_root, env_for(so), min(limit, left), deselect)
+                status, secs, detail, out = sample_py.run_pytest(
+                    m["tests"], tests_root, env_for(so), min(limit, left), None, deselect=deselect
+                )
                 res["secs"] = secs
-                result = {"pass": "survived", "fail": "killed", "crash": "killed", "timeout": "timeout"}
-                res.update(result=result.get(status, "error"), detail=detail)
+                res.update(zip(("result", "detail"), sample_cc.outcome(status, detail), strict=True))
                 if status == "timeout" and left < limit:
                     res.update(result="not run", detail=f"cut at the call's end after {secs:.0f} s")
                 with open(os.path.join(logs, m["key"] + ".log"), "w") as f:
-                    f.write(out)
+                    f.write(out[-20000:])
                 shutil.rmtree(so, ignore_errors=True)
         with lock:
             results.append(res)

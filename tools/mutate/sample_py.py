@@ -165,6 +165,17 @@ def sample(mutants, seed, count):
     return [mutants[i] for i in picked]
 
 
+def choose(mutants, seed, count, ids=""):
+    """The seeded sample of mutants, or those named by ids (comma-separated, a rerun); unknown ids: ValueError."""
+    if not ids:
+        return sample(mutants, seed, count)
+    by_id = {m["id"]: m for m in mutants}
+    unknown = [i for i in ids.split(",") if i not in by_id]
+    if unknown:
+        raise ValueError(f"--ids: no such mutant: {unknown}")
+    return [by_id[i] for i in ids.split(",")]
+
+
 def mutated_text(text, m, ops=None):
     """The mutant m of text (None: the operator makes no mutation at that occurrence)."""
     import cosmic_ray.plugins
@@ -362,14 +373,11 @@ def main(argv=None):
             print(f"{n:6d} {p}")
         print(f"{len(mutants):6d} mutants in {len(sources)} files")
         return 0
-    picked = sample(mutants, a.seed, a.count)
-    if a.ids:
-        by_id = {m["id"]: m for m in mutants}
-        unknown = [i for i in a.ids.split(",") if i not in by_id]
-        if unknown:
-            print(f"--ids: no such mutant: {unknown}", file=sys.stderr)
-            return 2
-        picked = [by_id[i] for i in a.ids.split(",")]
+    try:
+        picked = choose(mutants, a.seed, a.count, a.ids)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     tests_root = os.path.join(ROOT, "tests")
     rev = subprocess.run(["git", "rev-parse", "--short", a.rev], cwd=ROOT, capture_output=True, text=True).stdout
     meta = {"seed": a.seed, "rev": rev.strip(), "total": len(mutants), "sampled": len(picked), "files": len(sources)}
