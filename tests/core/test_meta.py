@@ -173,7 +173,7 @@ def test_the_same_build_check_tells_files_apart(tmp_path):
 
 def test_what_needs_data_refuses_a_meta_tensor():
     m = it.nn.Linear(4, 3, device="meta")
-    with pytest.raises((TypeError, RuntimeError), match="meta tensor float32\\[3, 4\\]: no data"):
+    with pytest.raises(RuntimeError, match="Linear: a tensor it uses is on device 'meta' \\(no data\\)"):
         m(it.randn(2, 4))
     with pytest.raises(RuntimeError, match="on the meta device has no data"):
         m.weight.numpy()

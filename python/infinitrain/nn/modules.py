@@ -95,19 +95,27 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args, **kwargs):
-        hooks = self.__dict__.get("_hooks")
-        if hooks is None:
-            return self.forward(*args, **kwargs)
-        for hook in list(hooks["pre"].values()):
-            r = hook(self, args)
-            if r is not None:
-                args = r if isinstance(r, tuple) else (r,)
-        out = self.forward(*args, **kwargs)
-        for hook in list(hooks["post"].values()):
-            r = hook(self, args, out)
-            if r is not None:
-                out = r
-        return out
+        try:
+            hooks = self.__dict__.get("_hooks")
+            if hooks is None:
+                return self.forward(*args, **kwargs)
+            for hook in list(hooks["pre"].values()):
+                r = hook(self, args)
+                if r is not None:
+                    args = r if isinstance(r, tuple) else (r,)
+            out = self.forward(*args, **kwargs)
+            for hook in list(hooks["post"].values()):
+                r = hook(self, args, out)
+                if r is not None:
+                    out = r
+            return out
+        except TypeError as e:  # a native op handed a meta tensor: said plainly (free while nothing is raised)
+            if "<meta tensor" not in str(e):
+                raise
+            raise RuntimeError(
+                f"{type(self).__name__}: a tensor it uses is on device 'meta' (no data): a model built there runs "
+                "once FullyShardedDataParallel has materialised it on a device (--zero_stage=3)"
+            ) from None
 
     def _hook_table(self):
         hooks = self.__dict__.get("_hooks")
